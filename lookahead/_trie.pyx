@@ -1,0 +1,650 @@
+# distutils: language = c++
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False, nonecheck=False
+"""The native drafting core: an implicit suffix trie over token streams.
+
+Why not a pointer trie with one node per (position, depth)?  Indexing every
+n-gram of depth D costs D nodes per token (SGLang's NGRAM trie pays about
+3 kB per token and caps depth at 18).  Here the trie is kept *implicit*:
+
+* a ``TokenStore`` keeps the stream itself (4 bytes per token) and, for a few
+  n-gram orders, a hash-chain index (LZ77 style) from each n-gram to its most
+  recent occurrence and from each occurrence to the previous one.  A trie node
+  "the n-gram ending the context" is the chain of its occurrences; its
+  children are the tokens that follow those occurrences.  So the trie has
+  unbounded depth (every continuation runs to the end of its stream) for
+  about 30 bytes per token, and eviction is just overwriting a ring buffer.
+* at draft time the occurrences of the context's longest matching suffixes are
+  gathered from the request's own store and from the shared history, each
+  weighted by how long it matches, and their continuations are merged into a
+  small *explicit* draft trie whose node weights are occurrence frequencies.
+  The best ``budget`` nodes (multi-branch) or the heaviest chain (one-branch)
+  are the draft.
+
+Every hot path (indexing, matching, draft extraction) runs without the GIL,
+under a per-store mutex that writers hold for one bounded chunk at a time, so
+a draft never waits for more than one chunk of a long insert.
+"""
+
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
+from libc.math cimport pow
+from libcpp.vector cimport vector
+
+import numpy as np
+cimport numpy as cnp
+
+cnp.import_array()
+
+
+cdef extern from "<mutex>" namespace "std" nogil:
+    cppclass mutex:
+        mutex()
+        void lock()
+        void unlock()
+
+
+cdef enum:
+    MAX_ORDERS = 8
+    SEPARATOR = -1
+    # Positions indexed per lock hold: bounds how long a draft can wait.
+    INDEX_CHUNK = 512
+    # Most candidate occurrences gathered for one draft (scratch sizing).
+    MAX_CANDIDATES_LIMIT = 256
+
+cdef uint64_t GOLDEN = 0x9E3779B97F4A7C15ULL
+
+
+cdef inline int _log2_ceil(int64_t x) noexcept nogil:
+    cdef int b = 0
+    while (<int64_t>1 << b) < x:
+        b += 1
+    return b
+
+
+cdef class TokenStore:
+    """One token stream with its n-gram occurrence index.
+
+    ``ring=True``: a fixed-capacity ring that evicts its oldest tokens (the
+    shared history).  ``ring=False``: grows with the stream and is freed as a
+    whole (one request's prompt and output).  Tokens are appended raw and
+    indexed afterwards, possibly by another thread, so ``n`` (tokens stored,
+    readable as continuations) can run ahead of ``n_indexed`` (positions that
+    can be found by a match).
+    """
+
+    cdef vector[int32_t] tok
+    cdef vector[vector[uint32_t]] prev   # per order: distance to previous occurrence (0: none)
+    cdef vector[vector[uint32_t]] head   # per order: hash slot -> (position + 1) mod 2**32
+    cdef int64_t n
+    cdef int64_t n_indexed
+    cdef int64_t run                     # consecutive non-separator tokens ending at n_indexed - 1
+    cdef int64_t cap
+    cdef uint64_t mask
+    cdef int hbits
+    cdef bint ring
+    cdef int norders
+    cdef int orders[MAX_ORDERS]
+    cdef mutex mtx
+
+    def __cinit__(self, int64_t capacity, bint ring, orders):
+        cdef int i
+        if capacity < 16:
+            capacity = 16
+        if len(orders) < 1 or len(orders) > MAX_ORDERS:
+            raise ValueError(f"between 1 and {MAX_ORDERS} n-gram orders are supported, got {len(orders)}")
+        self.norders = len(orders)
+        for i in range(self.norders):
+            self.orders[i] = int(orders[i])
+            if self.orders[i] < 1 or (i > 0 and self.orders[i] <= self.orders[i - 1]):
+                raise ValueError(f"n-gram orders must be positive and increasing, got {list(orders)}")
+        self.ring = ring
+        self.cap = <int64_t>1 << _log2_ceil(capacity)
+        self.mask = <uint64_t>(self.cap - 1)
+        # The shared ring uses half as many hash slots as tokens (merged chains are
+        # verified token by token anyway); a request's store one slot per token.
+        self.hbits = _log2_ceil(self.cap // 2 if ring else self.cap)
+        self.n = 0
+        self.n_indexed = 0
+        self.run = 0
+        self._allocate()
+
+    cdef void _allocate(self) noexcept nogil:
+        cdef int o
+        self.tok.assign(self.cap, SEPARATOR)
+        self.prev.resize(self.norders)
+        self.head.resize(self.norders)
+        for o in range(self.norders):
+            self.prev[o].assign(self.cap, 0)
+            self.head[o].assign(<size_t>1 << self.hbits, 0)
+
+    # -- writing -------------------------------------------------------------
+
+    cdef void _grow(self, int64_t need) noexcept nogil:
+        """Grow a request store so that ``need`` tokens fit; rehash when the
+        index would get crowded.  Positions never wrap in a growing store, so
+        slots keep their meaning across a resize."""
+        cdef int64_t new_cap = self.cap
+        cdef int o
+        while new_cap < need:
+            new_cap *= 2
+        if new_cap == self.cap:
+            return
+        self.tok.resize(new_cap, SEPARATOR)
+        for o in range(self.norders):
+            self.prev[o].resize(new_cap, 0)
+        self.cap = new_cap
+        self.mask = <uint64_t>(new_cap - 1)
+        if self.cap > (<int64_t>2 << self.hbits):
+            self.hbits = _log2_ceil(self.cap)
+            for o in range(self.norders):
+                self.head[o].assign(<size_t>1 << self.hbits, 0)
+                self.prev[o].assign(self.cap, 0)
+            self.n_indexed = 0
+            self.run = 0
+
+    cdef void _append_locked(self, const int32_t* src, int64_t count) noexcept nogil:
+        cdef int64_t i, start
+        if not self.ring:
+            self._grow(self.n + count)
+        elif count > self.cap:
+            # Only the newest ``cap`` tokens can survive.
+            src += count - self.cap
+            self.n += count - self.cap
+            if self.n_indexed < self.n:
+                self.n_indexed = self.n
+                self.run = 0
+            count = self.cap
+        if self.ring and self.n + count - self.cap > self.n_indexed:
+            # Tokens about to be overwritten were never indexed: skip them.
+            self.n_indexed = self.n + count - self.cap
+            self.run = 0
+        start = self.n
+        for i in range(count):
+            self.tok[(start + i) & self.mask] = src[i]
+        self.n += count
+
+    cdef int64_t _index_locked(self, int64_t limit) noexcept nogil:
+        """Link up to ``limit`` appended positions into the chains."""
+        cdef int64_t p, stop = self.n
+        cdef int o, k, j, prev_k, shift = 64 - self.hbits
+        cdef int32_t t
+        cdef uint64_t h, slot
+        cdef uint32_t e, d
+        cdef int64_t done = 0
+        if stop - self.n_indexed > limit:
+            stop = self.n_indexed + limit
+        p = self.n_indexed
+        while p < stop:
+            t = self.tok[p & self.mask]
+            if t < 0:
+                self.run = 0
+                p += 1
+                continue
+            self.run += 1
+            h = 0
+            prev_k = 0
+            for o in range(self.norders):
+                k = self.orders[o]
+                if self.run < k:
+                    break
+                for j in range(prev_k, k):
+                    h = (h ^ <uint32_t>self.tok[(p - j) & self.mask]) * GOLDEN
+                prev_k = k
+                slot = h >> shift
+                e = self.head[o][slot]
+                d = 0
+                if e != 0:
+                    d = <uint32_t>(<uint32_t>(p + 1) - e)
+                    if d >= <uint64_t>self.cap:
+                        d = 0
+                self.prev[o][p & self.mask] = d
+                self.head[o][slot] = <uint32_t>(p + 1)
+            p += 1
+            done += 1
+        self.n_indexed = p
+        return done
+
+    cdef void append(self, const int32_t* src, int64_t count, bint index_now) noexcept nogil:
+        """Append tokens; index them too if ``index_now`` and nothing is pending."""
+        cdef bint caught_up
+        self.mtx.lock()
+        caught_up = self.n_indexed == self.n
+        self._append_locked(src, count)
+        if index_now and caught_up:
+            # Usually just the new tokens; everything after a rehash.
+            self._index_locked(self.n - self.n_indexed)
+        self.mtx.unlock()
+
+    cdef void append_chunked(self, const int32_t* src, int64_t count) noexcept nogil:
+        """Append and index a long run, releasing the lock between chunks."""
+        cdef int64_t off = 0, step
+        while off < count:
+            step = count - off
+            if step > INDEX_CHUNK:
+                step = INDEX_CHUNK
+            self.mtx.lock()
+            self._append_locked(src + off, step)
+            self._index_locked(self.n - self.n_indexed)
+            self.mtx.unlock()
+            off += step
+
+    cdef void catch_up(self) noexcept nogil:
+        """Index everything appended so far, one chunk per lock hold."""
+        cdef int64_t done = 1
+        while done > 0:
+            self.mtx.lock()
+            done = self._index_locked(INDEX_CHUNK)
+            self.mtx.unlock()
+
+    # -- Python-facing helpers (validation happens in lookahead.cache) -------
+
+    def append_tokens(self, const int32_t[::1] tokens, bint index_now=True):
+        """Append ``tokens`` (int32, already validated).  With ``index_now``
+        they are indexed at once, which is cheap for a few tokens; otherwise
+        call :meth:`index_pending` (usually from the inserter thread)."""
+        cdef int64_t count = tokens.shape[0]
+        if count == 0:
+            return
+        with nogil:
+            self.append(&tokens[0], count, index_now)
+
+    def append_indexed(self, const int32_t[::1] tokens):
+        """Append and index a long run in lock-bounded chunks (no GIL)."""
+        cdef int64_t count = tokens.shape[0]
+        if count == 0:
+            return
+        with nogil:
+            self.append_chunked(&tokens[0], count)
+
+    def index_pending(self):
+        """Index all appended tokens (no GIL, one chunk per lock hold)."""
+        with nogil:
+            self.catch_up()
+
+    def tokens(self):
+        """The live tokens, oldest first, separators as -1 (a copy)."""
+        cdef int64_t start, i, count
+        self.mtx.lock()
+        start = self.n - self.cap if self.n > self.cap else 0
+        count = self.n - start
+        out = np.empty(count, dtype=np.int32)
+        cdef int32_t[::1] view = out
+        for i in range(count):
+            view[i] = self.tok[(start + i) & self.mask]
+        self.mtx.unlock()
+        return out
+
+    @property
+    def size(self):
+        """Tokens currently held (after eviction)."""
+        return self.cap if self.n > self.cap else self.n
+
+    @property
+    def appended(self):
+        return self.n
+
+    @property
+    def indexed(self):
+        return self.n_indexed
+
+    @property
+    def capacity(self):
+        return self.cap
+
+    @property
+    def nbytes(self):
+        """Bytes held by the stream and its index."""
+        cdef int64_t b = self.cap * 4
+        cdef int o
+        for o in range(self.norders):
+            b += self.prev[o].size() * 4 + self.head[o].size() * 4
+        return b
+
+
+# ---------------------------------------------------------------------------
+# Drafting
+# ---------------------------------------------------------------------------
+
+cdef struct DraftParams:
+    int max_match          # longest suffix verified against an occurrence
+    int max_walk           # chain steps per order and store
+    int max_candidates     # occurrences merged into one draft
+    int enough_candidates  # stop descending orders once this many are found
+    double match_exponent  # weight of an occurrence = match_len ** match_exponent
+    double local_weight    # the request's own stream counts this much more
+    int min_match          # occurrences shorter than this are ignored
+    double confidence      # pseudo-weight of unseen continuations (see _score_children)
+    double order_norm      # divide an occurrence's weight by (hits of its order) ** order_norm
+
+
+cdef struct Candidate:
+    int64_t pos
+    int match
+    double weight
+
+
+cdef struct TrieNode:
+    int32_t token
+    int32_t parent
+    int32_t first_child
+    int32_t next_sibling
+    int32_t count      # occurrences whose continuation passes here
+    double weight      # their summed weights
+    double score       # estimated probability that the target accepts the path
+
+
+cdef class DraftConfig:
+    """Tunable knobs of :func:`draft_one` (validated in lookahead.cache)."""
+    cdef DraftParams p
+
+    def __cinit__(self, int max_match=32, int max_walk=24, int max_candidates=48,
+                  int enough_candidates=16, double match_exponent=2.0,
+                  double local_weight=4.0, int min_match=1, double confidence=0.0,
+                  double order_norm=0.0):
+        self.p.max_match = max_match
+        self.p.max_walk = max_walk
+        self.p.max_candidates = min(max_candidates, MAX_CANDIDATES_LIMIT)
+        self.p.enough_candidates = enough_candidates
+        self.p.match_exponent = match_exponent
+        self.p.local_weight = local_weight
+        self.p.min_match = min_match
+        self.p.confidence = confidence
+        self.p.order_norm = order_norm
+
+
+cdef inline double _powi(double base, double e) noexcept nogil:
+    # match_len ** exponent; the common integer exponents skip libm.
+    if e == 2.0:
+        return base * base
+    if e == 1.0:
+        return base
+    return pow(base, e)
+
+
+cdef int _gather(TokenStore s, const int32_t* ctx, int ctx_len, const DraftParams* prm,
+                 double store_weight, vector[Candidate]& cands) noexcept nogil:
+    """Collect occurrences of the context's longest suffixes in one store.
+
+    Must be called with ``s.mtx`` held.  Orders are tried from the longest
+    down; an occurrence found at a higher order is not added again.
+    """
+    cdef int o, k, j, m, steps, found = 0, prev_k
+    cdef int shift = 64 - s.hbits
+    cdef uint64_t h, slot
+    cdef uint32_t e, d
+    cdef int64_t q, base = s.n - s.cap if s.n > s.cap else 0
+    cdef int64_t n = s.n
+    cdef int32_t t
+    cdef int max_match = prm.max_match if prm.max_match < ctx_len else ctx_len
+    cdef size_t c
+    cdef bint dup
+    cdef int start_count = <int>cands.size()
+    cdef uint64_t hashes[MAX_ORDERS]
+    cdef Candidate cand
+    cdef size_t order_start
+    cdef double scale
+
+    if s.n_indexed == 0 or ctx_len == 0:
+        return 0
+    # Hash each order's suffix the same way _index_locked does.
+    h = 0
+    prev_k = 0
+    for o in range(s.norders):
+        k = s.orders[o]
+        if k > ctx_len:
+            hashes[o] = 0
+            continue
+        for j in range(prev_k, k):
+            h = (h ^ <uint32_t>ctx[ctx_len - 1 - j]) * GOLDEN
+        prev_k = k
+        hashes[o] = h
+
+    o = s.norders - 1
+    while o >= 0:
+        k = s.orders[o]
+        if k > ctx_len or k < prm.min_match:
+            o -= 1
+            continue
+        order_start = cands.size()
+        slot = hashes[o] >> shift
+        e = s.head[o][slot]
+        if e == 0:
+            o -= 1
+            continue
+        q = n - 1 - <int64_t>(<uint32_t>(<uint32_t>n - e))
+        steps = 0
+        while q >= base and q < s.n_indexed and steps < prm.max_walk:
+            steps += 1
+            # Verify the match and measure how far back it goes.
+            m = 0
+            while m < max_match and q - m >= base:
+                t = s.tok[(q - m) & s.mask]
+                if t != ctx[ctx_len - 1 - m]:
+                    break
+                m += 1
+            # An occurrence needs a continuation: skip the stream's last token
+            # (that is the context itself) and tokens before a separator.
+            if m >= k and q + 1 < n and s.tok[(q + 1) & s.mask] >= 0:
+                dup = False
+                for c in range(start_count, cands.size()):
+                    if cands[c].pos == q:
+                        dup = True
+                        break
+                if not dup:
+                    cand.pos = q
+                    cand.match = m
+                    cand.weight = store_weight * _powi(<double>m, prm.match_exponent)
+                    cands.push_back(cand)
+                    found += 1
+                    if <int>cands.size() >= prm.max_candidates:
+                        break
+            d = s.prev[o][q & s.mask]
+            if d == 0:
+                break
+            q -= d
+        if prm.order_norm > 0 and <int>cands.size() > order_start:
+            scale = pow(<double>(<int>cands.size() - order_start), -prm.order_norm)
+            for c in range(order_start, cands.size()):
+                cands[c].weight *= scale
+        if found >= prm.enough_candidates or <int>cands.size() >= prm.max_candidates:
+            break
+        o -= 1
+    return found
+
+
+cdef int32_t _child(vector[TrieNode]& nodes, int32_t parent, int32_t token) noexcept nogil:
+    cdef int32_t c = nodes[parent].first_child
+    while c >= 0:
+        if nodes[c].token == token:
+            return c
+        c = nodes[c].next_sibling
+    cdef TrieNode node
+    node.token = token
+    node.parent = parent
+    node.first_child = -1
+    node.weight = 0.0
+    node.count = 0
+    node.score = 0.0
+    node.next_sibling = nodes[parent].first_child
+    nodes.push_back(node)
+    c = <int32_t>nodes.size() - 1
+    nodes[parent].first_child = c
+    return c
+
+
+cdef void _merge(TokenStore s, const Candidate* cand, int depth, vector[TrieNode]& nodes) noexcept nogil:
+    """Add one occurrence's continuation (up to ``depth`` tokens) to the draft
+    trie.  Must be called with ``s.mtx`` held."""
+    cdef int64_t q = cand.pos + 1
+    cdef int32_t cur = 0, t
+    cdef int i
+    for i in range(depth):
+        if q >= s.n:
+            break
+        t = s.tok[q & s.mask]
+        if t < 0:
+            break
+        if i == 0:
+            nodes[0].weight += cand.weight
+            nodes[0].count += 1
+        cur = _child(nodes, cur, t)
+        nodes[cur].weight += cand.weight
+        nodes[cur].count += 1
+        q += 1
+
+
+cdef inline bint _heavier(vector[TrieNode]& nodes, int32_t a, int32_t b) noexcept nogil:
+    # Ties go to the node created first, so drafts are deterministic.
+    if nodes[a].weight != nodes[b].weight:
+        return nodes[a].weight > nodes[b].weight
+    return a < b
+
+
+cdef inline bint _likelier(vector[TrieNode]& nodes, int32_t a, int32_t b) noexcept nogil:
+    if nodes[a].score != nodes[b].score:
+        return nodes[a].score > nodes[b].score
+    return a < b
+
+
+cdef inline void _score_children(vector[TrieNode]& nodes, int32_t parent, double confidence,
+                                 vector[int32_t]& frontier) noexcept nogil:
+    # P(child | path) = the child's share of the parent's weight, with a
+    # pseudo-weight for "something else": thin evidence (few, short matches)
+    # is discounted, a long verbatim match is not.
+    cdef TrieNode* p = &nodes[parent]
+    cdef double scale = p.score / (p.weight + confidence)
+    cdef int32_t j = p.first_child
+    while j >= 0:
+        nodes[j].score = nodes[j].weight * scale
+        frontier.push_back(j)
+        j = nodes[j].next_sibling
+
+
+cdef void _select(vector[TrieNode]& nodes, int budget, bint one_branch, double confidence,
+                  vector[int32_t]& out_tokens, vector[int32_t]& out_parents) noexcept nogil:
+    """Pick the draft: the heaviest chain, or the ``budget`` heaviest nodes.
+
+    A node's score never exceeds its parent's, so taking nodes best-first
+    from the frontier yields a connected tree whose parents precede children.
+    """
+    cdef int32_t best, c, i, j
+    cdef vector[int32_t] frontier
+    cdef vector[int32_t] slot_of   # trie node -> output index
+    cdef size_t k
+    out_tokens.clear()
+    out_parents.clear()
+    if budget <= 0 or nodes.size() <= 1:
+        return
+    if one_branch:
+        c = 0
+        while <int>out_tokens.size() < budget:
+            best = -1
+            j = nodes[c].first_child
+            while j >= 0:
+                if best < 0 or _heavier(nodes, j, best):
+                    best = j
+                j = nodes[j].next_sibling
+            if best < 0:
+                break
+            out_parents.push_back(<int32_t>out_tokens.size() - 1)
+            out_tokens.push_back(nodes[best].token)
+            c = best
+        return
+    slot_of.assign(nodes.size(), -1)
+    nodes[0].score = 1.0
+    _score_children(nodes, 0, confidence, frontier)
+    while <int>out_tokens.size() < budget and frontier.size() > 0:
+        best = 0
+        for k in range(1, frontier.size()):
+            if _likelier(nodes, frontier[k], frontier[best]):
+                best = <int32_t>k
+        c = frontier[best]
+        frontier[best] = frontier[frontier.size() - 1]
+        frontier.pop_back()
+        slot_of[c] = <int32_t>out_tokens.size()
+        out_tokens.push_back(nodes[c].token)
+        i = nodes[c].parent
+        out_parents.push_back(slot_of[i] if i > 0 else <int32_t>-1)
+        _score_children(nodes, c, confidence, frontier)
+
+
+cdef void _draft(TokenStore local, bint has_local, TokenStore shared, bint has_shared,
+                 const int32_t* ctx, int ctx_len, int budget, bint one_branch,
+                 const DraftParams* prm, vector[Candidate]& cands, vector[TrieNode]& nodes,
+                 vector[int32_t]& out_tokens, vector[int32_t]& out_parents) noexcept nogil:
+    cdef TrieNode root
+    cdef size_t c
+    cdef int depth = budget
+    cands.clear()
+    nodes.clear()
+    root.token = -1
+    root.parent = -1
+    root.first_child = -1
+    root.next_sibling = -1
+    root.weight = 0.0
+    root.count = 0
+    root.score = 1.0
+    nodes.push_back(root)
+    # One lock hold per store: gather its occurrences and merge them.
+    if has_local:
+        local.mtx.lock()
+        _gather(local, ctx, ctx_len, prm, prm.local_weight, cands)
+        for c in range(cands.size()):
+            _merge(local, &cands[c], depth, nodes)
+        local.mtx.unlock()
+    cdef size_t first_shared = cands.size()
+    if has_shared and <int>cands.size() < prm.max_candidates:
+        shared.mtx.lock()
+        _gather(shared, ctx, ctx_len, prm, 1.0, cands)
+        for c in range(first_shared, cands.size()):
+            _merge(shared, &cands[c], depth, nodes)
+        shared.mtx.unlock()
+    _select(nodes, budget, one_branch, prm.confidence, out_tokens, out_parents)
+
+
+cdef class Drafter:
+    """Reusable scratch space for drafting; one per thread of callers."""
+    cdef vector[Candidate] cands
+    cdef vector[TrieNode] nodes
+    cdef vector[int32_t] out_tokens
+    cdef vector[int32_t] out_parents
+
+    def draft(self, TokenStore local, TokenStore shared, const int32_t[::1] ctx,
+              int budget, bint one_branch, DraftConfig config):
+        """Draft after ``ctx`` (the context's tail, int32).  Returns
+        ``(tokens, parents)`` as lists; parents[i] == -1 means a child of the
+        context's last token."""
+        cdef int ctx_len = ctx.shape[0]
+        cdef bint has_local = local is not None
+        cdef bint has_shared = shared is not None
+        cdef const int32_t* ptr = &ctx[0] if ctx_len > 0 else NULL
+        if ctx_len == 0 or budget <= 0:
+            return [], []
+        with nogil:
+            _draft(local, has_local, shared, has_shared, ptr, ctx_len, budget,
+                   one_branch, &config.p, self.cands, self.nodes,
+                   self.out_tokens, self.out_parents)
+        return list(self.out_tokens), list(self.out_parents)
+
+    def draft_batch(self, list locals_, TokenStore shared, list ctxs, int budget,
+                    bint one_branch, DraftConfig config):
+        """:meth:`draft` for many requests; returns a list of (tokens, parents)."""
+        cdef Py_ssize_t i, nreq = len(ctxs)
+        cdef TokenStore local
+        cdef const int32_t[::1] ctx
+        cdef bint has_local, has_shared = shared is not None
+        cdef int ctx_len
+        out = []
+        for i in range(nreq):
+            local = locals_[i]
+            ctx = ctxs[i]
+            ctx_len = ctx.shape[0]
+            has_local = local is not None
+            if ctx_len == 0 or budget <= 0:
+                out.append(([], []))
+                continue
+            with nogil:
+                _draft(local, has_local, shared, has_shared, &ctx[0], ctx_len, budget,
+                       one_branch, &config.p, self.cands, self.nodes,
+                       self.out_tokens, self.out_parents)
+            out.append((list(self.out_tokens), list(self.out_parents)))
+        return out

@@ -1,0 +1,325 @@
+"""``LookaheadCache``: the drafting API that the SGLang worker and users drive.
+
+It owns one shared history (a bounded ring of every request's output, the
+cross-request n-gram source) and one store per live request (its whole prompt
+plus its output, the copy source).  Prompts and shared-history inserts are
+applied by a background thread; a request's own new tokens go into its store
+at once, since they are few and the very next draft needs them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import asdict, dataclass, field
+from typing import Any, Hashable, NamedTuple, Sequence
+
+import numpy as np
+
+from lookahead._trie import DraftConfig, Drafter, TokenStore
+from lookahead.inserter import BackgroundInserter
+from lookahead.tokens import as_token_array, check_budget
+
+_SEPARATOR = np.array([-1], dtype=np.int32)
+_FORMAT_VERSION = 1
+
+
+class Draft(NamedTuple):
+    """A draft tree in topological order.
+
+    ``parents[i] == -1``: token ``i`` follows the context's last token;
+    otherwise it follows token ``parents[i]`` (always an earlier index).  A
+    one-branch draft is a chain: ``parents == [-1, 0, 1, ...]``.
+    """
+
+    tokens: list
+    parents: list
+
+    def __len__(self) -> int:  # number of draft tokens
+        return len(self.tokens)
+
+
+@dataclass(frozen=True)
+class LookaheadConfig:
+    """Every knob of the cache; the defaults are the tuned ones (see README)."""
+
+    max_memory_bytes: int = 256 << 20  # shared history budget, index included
+    orders: tuple = (1, 2, 3, 4, 6, 8)  # n-gram orders indexed for matching
+    max_match_len: int = 32  # longest context suffix compared to an occurrence
+    max_walk: int = 24  # occurrences visited per order and store
+    max_candidates: int = 48  # occurrences merged into one draft
+    enough_candidates: int = 16  # stop trying shorter suffixes after this many
+    match_exponent: float = 2.0  # occurrence weight = match_len ** exponent
+    local_weight: float = 4.0  # the request's own stream weighs this much more
+    min_match_len: int = 1  # ignore occurrences matching fewer tokens
+    confidence: float = 0.0  # pseudo-weight discounting branches seen few times
+    order_norm: float = 0.0  # 1: each n-gram order weighs the same however many hits it has
+    share_outputs: bool = True  # feed outputs into the shared history
+    share_prompt_tail: int = 8  # prompt tokens kept before the output, as context
+    flush_tokens: int = 128  # share a running request's output every this many tokens
+    vocab_size: int | None = None  # reject ids >= vocab_size when set
+    background: bool = True  # False: apply inserts inline (debugging)
+
+    def __post_init__(self):
+        def positive(name):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+        for name in ("max_memory_bytes", "max_match_len", "max_walk", "max_candidates",
+                     "enough_candidates", "min_match_len", "flush_tokens"):
+            positive(name)
+        if self.max_memory_bytes < 1 << 16:
+            raise ValueError(f"max_memory_bytes must be at least 64 KiB, got {self.max_memory_bytes}")
+        orders = tuple(self.orders)
+        if not orders or any(not isinstance(o, int) or o < 1 for o in orders) or list(orders) != sorted(set(orders)):
+            raise ValueError(f"orders must be increasing positive integers, got {self.orders!r}")
+        if len(orders) > 8:
+            raise ValueError(f"at most 8 n-gram orders are supported, got {len(orders)}")
+        object.__setattr__(self, "orders", orders)
+        if self.match_exponent < 0 or self.local_weight <= 0 or self.confidence < 0:
+            raise ValueError("match_exponent and confidence must be >= 0, local_weight > 0")
+        if self.share_prompt_tail < 0:
+            raise ValueError(f"share_prompt_tail must be >= 0, got {self.share_prompt_tail}")
+        if self.vocab_size is not None and (not isinstance(self.vocab_size, int) or self.vocab_size < 1):
+            raise ValueError(f"vocab_size must be a positive integer or None, got {self.vocab_size!r}")
+
+    @property
+    def shared_capacity(self) -> int:
+        """Tokens the shared ring holds: the largest power of two whose stream
+        and index (4 bytes per order for chains, 2 for hash heads) fit."""
+        per_token = 4 + 6 * len(self.orders)
+        tokens = max(16, self.max_memory_bytes // per_token)
+        return 1 << (tokens.bit_length() - 1)
+
+
+@dataclass
+class _Request:
+    store: TokenStore
+    prompt_tail: np.ndarray  # context that precedes the first shared output
+    unshared: list = field(default_factory=list)  # output chunks not yet in the shared history
+    unshared_len: int = 0
+    output_len: int = 0
+
+
+class LookaheadCache:
+    """Drafts continuations from everything the server has seen.
+
+    Typical use (one call per scheduler step)::
+
+        cache.put_prompt(rid, prompt_ids)            # when prefill is scheduled
+        d = cache.draft(rid, context, budget)        # before each verify
+        cache.put_output(rid, accepted_ids)          # after each verify
+        cache.finish(rid)                            # on completion or abort
+
+    Thread-safe: calls may come from several threads; a draft racing with
+    ``finish`` of the same request either completes or raises ``ValueError``.
+    """
+
+    def __init__(self, config: LookaheadConfig | None = None, **overrides: Any):
+        if config is None:
+            config = LookaheadConfig(**overrides)
+        elif overrides:
+            config = LookaheadConfig(**{**asdict(config), **overrides})
+        self.config = config
+        self._draft_config = DraftConfig(
+            max_match=config.max_match_len,
+            max_walk=config.max_walk,
+            max_candidates=config.max_candidates,
+            enough_candidates=config.enough_candidates,
+            match_exponent=config.match_exponent,
+            local_weight=config.local_weight,
+            min_match=config.min_match_len,
+            confidence=config.confidence,
+            order_norm=config.order_norm,
+        )
+        self._shared = TokenStore(config.shared_capacity, True, config.orders)
+        self._requests: dict[Hashable, _Request] = {}
+        self._lock = threading.Lock()
+        self._inserter = BackgroundInserter()
+        self._scratch = threading.local()
+        self._counters = {"prompts": 0, "prompt_tokens": 0, "output_tokens": 0, "drafts": 0,
+                          "draft_tokens": 0, "finished": 0}
+
+    # -- feeding -------------------------------------------------------------
+
+    def put_prompt(self, rid: Hashable, tokens: Any) -> None:
+        """Index a new request's whole prompt (in the background)."""
+        arr = as_token_array(tokens, "prompt", self.config.vocab_size)
+        orders = self.config.orders
+        store = TokenStore(max(1024, 2 * len(arr) + 256), False, orders)
+        with self._lock:
+            if rid in self._requests:
+                raise ValueError(f"request {rid!r} already has a prompt; call finish() before reusing its id")
+            self._requests[rid] = _Request(store, arr[-self.config.share_prompt_tail:].copy()
+                                           if self.config.share_prompt_tail else arr[:0].copy())
+            self._counters["prompts"] += 1
+            self._counters["prompt_tokens"] += len(arr)
+        # The raw copy is a memcpy; the indexing is the expensive part.
+        store.append_tokens(arr, False)
+        self._run(store.index_pending)
+
+    def put_output(self, rid: Hashable, tokens: Any) -> None:
+        """Give the request's newly accepted tokens (visible to its next draft)."""
+        arr = as_token_array(tokens, "output", self.config.vocab_size)
+        req = self._get(rid)
+        if not len(arr):
+            return
+        req.store.append_tokens(arr, True)
+        with self._lock:
+            req.output_len += len(arr)
+            self._counters["output_tokens"] += len(arr)
+            if self.config.share_outputs:
+                # Keep our own copy: the caller may reuse its buffer.
+                req.unshared.append(arr if arr is not tokens and arr.base is None else arr.copy())
+                req.unshared_len += len(arr)
+                flush = req.unshared_len >= self.config.flush_tokens
+            else:
+                flush = False
+        if flush:
+            self._share(req)
+
+    def finish(self, rid: Hashable) -> None:
+        """The request completed or was aborted: share its output, free its store."""
+        with self._lock:
+            req = self._requests.pop(rid, None)
+            if req is None:
+                raise ValueError(f"unknown request {rid!r}: finish() needs a put_prompt() first")
+            self._counters["finished"] += 1
+        if req.unshared_len:
+            self._share(req)
+
+    def _share(self, req: _Request) -> None:
+        # A separator keeps n-grams from spanning requests; the preceding
+        # tokens (prompt tail or last shared outputs) give the first new tokens
+        # their context.
+        with self._lock:
+            chunks, req.unshared, req.unshared_len = req.unshared, [], 0
+            if not chunks:
+                return
+            segment = np.concatenate([_SEPARATOR, req.prompt_tail, *chunks])
+            keep = max(self.config.orders)
+            req.prompt_tail = segment[-keep:].copy()
+        self._run(lambda: self._shared.append_indexed(segment))
+
+    def _run(self, job) -> None:
+        if self.config.background:
+            self._inserter.submit(job)
+        else:
+            job()
+
+    def synchronize(self) -> None:
+        """Wait until every insert submitted so far is visible to drafts."""
+        self._inserter.synchronize()
+
+    # -- drafting ------------------------------------------------------------
+
+    def _get(self, rid: Hashable) -> _Request:
+        req = self._requests.get(rid)
+        if req is None:
+            raise ValueError(f"unknown request {rid!r}: call put_prompt() first")
+        return req
+
+    def _drafter(self) -> Drafter:
+        drafter = getattr(self._scratch, "drafter", None)
+        if drafter is None:
+            drafter = self._scratch.drafter = Drafter()
+        return drafter
+
+    def _tail(self, context: Any) -> np.ndarray:
+        # Only the last max_match_len tokens can match: never copy the rest.
+        n = self.config.max_match_len
+        if isinstance(context, np.ndarray):
+            tail = context[-n:]
+        else:
+            try:
+                tail = context[-n:]
+            except TypeError:
+                raise TypeError(f"context must be a sequence of token ids, got {type(context).__name__}") from None
+        return as_token_array(tail, "context", self.config.vocab_size)
+
+    def draft(self, rid: Hashable, context: Any, budget: int, one_branch: bool = False) -> Draft:
+        """Draft at most ``budget`` tokens after ``context`` (prompt + output so far).
+
+        An empty draft means nothing matched.
+        """
+        budget = check_budget(budget)
+        req = self._get(rid)
+        tail = self._tail(context)
+        tokens, parents = self._drafter().draft(req.store, self._shared, tail, budget,
+                                                bool(one_branch), self._draft_config)
+        self._counters["drafts"] += 1
+        self._counters["draft_tokens"] += len(tokens)
+        return Draft(tokens, parents)
+
+    def batch_draft(self, rids: Sequence[Hashable], contexts: Sequence[Any], budget: int,
+                    one_branch: bool = False) -> list[Draft]:
+        """:meth:`draft` for a batch in one call."""
+        budget = check_budget(budget)
+        if len(rids) != len(contexts):
+            raise ValueError(f"batch_draft got {len(rids)} rids but {len(contexts)} contexts")
+        stores = [self._get(rid).store for rid in rids]
+        tails = [self._tail(c) for c in contexts]
+        results = self._drafter().draft_batch(stores, self._shared, tails, budget, bool(one_branch),
+                                              self._draft_config)
+        self._counters["drafts"] += len(results)
+        self._counters["draft_tokens"] += sum(len(t) for t, _ in results)
+        return [Draft(t, p) for t, p in results]
+
+    # -- introspection and persistence ----------------------------------------
+
+    def __contains__(self, rid: Hashable) -> bool:
+        return rid in self._requests
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def stats(self) -> dict:
+        """Sizes and counters, for logs, metrics and benchmarks."""
+        with self._lock:
+            stores = [r.store for r in self._requests.values()]
+            counters = dict(self._counters)
+        local_bytes = sum(s.nbytes for s in stores)
+        return {
+            **counters,
+            "active_requests": len(stores),
+            "local_tokens": sum(s.size for s in stores),
+            "local_bytes": local_bytes,
+            "shared_tokens": self._shared.size,
+            "shared_tokens_seen": self._shared.appended,
+            "shared_capacity": self._shared.capacity,
+            "shared_bytes": self._shared.nbytes,
+            "total_bytes": self._shared.nbytes + local_bytes,
+            "pending_inserts": self._inserter.pending(),
+            "failed_inserts": self._inserter.failures,
+        }
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the shared history (not live requests) to ``path`` (.npz)."""
+        self.synchronize()
+        meta = {"format": _FORMAT_VERSION, "config": {**asdict(self.config), "orders": list(self.config.orders)}}
+        tmp = f"{os.fspath(path)}.tmp"
+        with open(tmp, "wb") as f:
+            np.savez_compressed(f, shared=self._shared.tokens(), meta=np.frombuffer(json.dumps(meta).encode(), np.uint8))
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, **overrides: Any) -> "LookaheadCache":
+        """A cache whose shared history is the one saved at ``path``."""
+        with np.load(path) as data:
+            meta = json.loads(bytes(data["meta"]).decode())
+            shared = np.ascontiguousarray(data["shared"], dtype=np.int32)
+        if meta.get("format") != _FORMAT_VERSION:
+            raise ValueError(f"{path}: unsupported lookahead cache format {meta.get('format')!r}")
+        config = dict(meta["config"], orders=tuple(meta["config"]["orders"]))
+        config.update(overrides)
+        cache = cls(LookaheadConfig(**config))
+        if shared.size and (shared.min() < -1 or (cache.config.vocab_size and shared.max() >= cache.config.vocab_size)):
+            raise ValueError(f"{path}: saved history holds ids outside the vocabulary")
+        cache._shared.append_indexed(shared)
+        return cache
+
+    def close(self) -> None:
+        """Finish pending inserts and stop the background thread."""
+        self._inserter.close()

@@ -1,0 +1,264 @@
+"""Model-free acceptance replay: "how much would LOOKAHEAD accept on my logs?"
+
+A trace is JSONL (optionally gzipped) of ``{"prompt": [ids], "response": [ids]}``
+served one request at a time, in file order, with every drafter's caches
+persisting across requests.  At each step a drafter proposes at most
+``budget`` tokens after the context (prompt + response so far); the longest
+root path that matches the recorded continuation is accepted, plus the
+target's own bonus token, and the drafter is then given those tokens.
+
+AL = response tokens / steps, every step counted (sequence-normalised
+acceptance length, as in the issues).  Also reported: drafted tokens per step
+and the drafter's cost (draft + feeding) in microseconds per step.
+
+    python -m lookahead.replay --trace ../shared/traces/synth_rag.jsonl.gz --budget 4 8 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Iterable
+
+import numpy as np
+
+from lookahead import baselines
+
+ALL_DRAFTERS = ("lookahead", "lookahead-1b", "ngram", "prompt-lookup", "suffix", "suffix-path")
+
+
+@dataclass
+class ReplayResult:
+    trace: str
+    drafter: str
+    budget: int
+    requests: int
+    response_tokens: int
+    steps: int
+    drafted_tokens: int
+    drafter_seconds: float
+
+    @property
+    def acceptance_length(self) -> float:
+        return self.response_tokens / max(self.steps, 1)
+
+    @property
+    def drafted_per_step(self) -> float:
+        return self.drafted_tokens / max(self.steps, 1)
+
+    @property
+    def us_per_step(self) -> float:
+        return 1e6 * self.drafter_seconds / max(self.steps, 1)
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "acceptance_length": self.acceptance_length,
+                "drafted_per_step": self.drafted_per_step, "us_per_step": self.us_per_step}
+
+
+def load_trace(path: str, limit: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Read (prompt, response) pairs as int32 arrays."""
+    opener = gzip.open if path.endswith(".gz") else open
+    pairs = []
+    with opener(path, "rt") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            if limit is not None and len(pairs) >= limit:
+                break
+            rec = json.loads(line)
+            pairs.append((np.asarray(rec["prompt"], dtype=np.int32), np.asarray(rec["response"], dtype=np.int32)))
+    return pairs
+
+
+def accepted_length(tokens: list, parents: list, truth: np.ndarray) -> int:
+    """Length of the longest root path of the draft that matches ``truth``."""
+    if not tokens:
+        return 0
+    children: dict[int, list[int]] = {}
+    for i, p in enumerate(parents):
+        children.setdefault(p, []).append(i)
+    node, depth, limit = -1, 0, len(truth)
+    while depth < limit:
+        want = int(truth[depth])
+        for child in children.get(node, ()):
+            if tokens[child] == want:
+                node = child
+                depth += 1
+                break
+        else:
+            break
+    return depth
+
+
+def replay(drafter: baselines.ReplayDrafter, pairs: list, budget: int, trace_name: str = "",
+           progress: Callable[[int], None] | None = None) -> ReplayResult:
+    steps = drafted = response_tokens = 0
+    spent = 0.0
+    clock = time.perf_counter
+    for rid, (prompt, response) in enumerate(pairs):
+        plen, rlen = len(prompt), len(response)
+        context = np.concatenate([prompt, response])  # drafters see views of its prefix
+        t0 = clock()
+        drafter.start(rid, prompt)
+        spent += clock() - t0
+        i = 0
+        while i < rlen:
+            t0 = clock()
+            tokens, parents = drafter.draft(rid, context[: plen + i], budget)
+            spent += clock() - t0
+            advance = min(accepted_length(tokens, parents, response[i:]) + 1, rlen - i)
+            t0 = clock()
+            drafter.accept(rid, context[: plen + i + advance], response[i: i + advance])
+            spent += clock() - t0
+            drafted += len(tokens)
+            steps += 1
+            i += advance
+        t0 = clock()
+        drafter.finish(rid)
+        spent += clock() - t0
+        response_tokens += rlen
+        if progress is not None:
+            progress(rid + 1)
+    return ReplayResult(trace_name, drafter.name, budget, len(pairs), response_tokens, steps, drafted, spent)
+
+
+def make_drafter(name: str, budget: int) -> baselines.ReplayDrafter:
+    if name == "lookahead":
+        return baselines.LookaheadDrafter(one_branch=False)
+    if name == "lookahead-1b":
+        return baselines.LookaheadDrafter(one_branch=True)
+    if name == "ngram":
+        return baselines.NgramDrafter(budget)
+    if name == "prompt-lookup":
+        return baselines.PromptLookupDrafter()
+    if name == "suffix":
+        return baselines.SuffixDrafter(path=False)
+    if name == "suffix-path":
+        return baselines.SuffixDrafter(path=True)
+    raise ValueError(f"unknown drafter {name!r}; choose from {', '.join(ALL_DRAFTERS)}")
+
+
+def available_drafters(names: Iterable[str], log=print) -> list[str]:
+    """Drop drafters whose optional dependency is missing, saying so."""
+    out = []
+    for name in names:
+        if name.startswith("suffix") and not baselines.suffix_available():
+            log(f"note: {name} skipped: arctic_inference is not installed (optional, its build is heavy)")
+            continue
+        if name == "ngram":
+            try:
+                import sglang.srt.speculative.cpp_ngram.ngram_corpus  # noqa: F401
+            except Exception as exc:  # sglang is a dependency, but say why if it breaks
+                log(f"note: ngram skipped: cannot import SGLang's NgramCorpus ({exc})")
+                continue
+        out.append(name)
+    return out
+
+
+def markdown_table(results: list[ReplayResult]) -> str:
+    """One row per (trace, budget, drafter); LOOKAHEAD rows carry the ratio
+    to the best anchor (the best non-lookahead drafter) of that trace and budget."""
+    lines = ["| trace | budget | drafter | AL | vs best anchor | drafted/step | µs/step |",
+             "|---|---|---|---|---|---|---|"]
+    keys = sorted({(r.trace, r.budget) for r in results}, key=lambda k: (k[0], k[1]))
+    for trace, budget in keys:
+        rows = [r for r in results if r.trace == trace and r.budget == budget]
+        anchors = [r for r in rows if not r.drafter.startswith("lookahead")]
+        best = max(anchors, key=lambda r: r.acceptance_length) if anchors else None
+        chains = [r for r in anchors if r.drafter in ("prompt-lookup", "suffix-path")]
+        best_chain = max(chains, key=lambda r: r.acceptance_length) if chains else None
+        for r in rows:
+            ratio = ""
+            ref = best_chain if r.drafter == "lookahead-1b" else best
+            if r.drafter.startswith("lookahead") and ref is not None:
+                ratio = f"{r.acceptance_length / ref.acceptance_length:.2f}x {ref.drafter}"
+            elif best is not None and r is best:
+                ratio = "best anchor"
+            lines.append(f"| {trace} | {budget} | {r.drafter} | {r.acceptance_length:.2f} | {ratio} | "
+                         f"{r.drafted_per_step:.2f} | {r.us_per_step:.1f} |")
+    return "\n".join(lines)
+
+
+def plot(results: list[ReplayResult], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    traces = sorted({r.trace for r in results})
+    fig, axes = plt.subplots(1, len(traces), figsize=(4.5 * len(traces), 3.8), squeeze=False)
+    for ax, trace in zip(axes[0], traces):
+        for name in sorted({r.drafter for r in results if r.trace == trace}):
+            rows = sorted((r for r in results if r.trace == trace and r.drafter == name), key=lambda r: r.budget)
+            style = "-o" if name.startswith("lookahead") else "--s"
+            ax.plot([r.budget for r in rows], [r.acceptance_length for r in rows], style, label=name)
+        ax.set_title(trace)
+        ax.set_xlabel("draft budget (tokens)")
+        ax.set_ylabel("acceptance length")
+        ax.set_xscale("log", base=2)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m lookahead.replay", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trace", action="append", required=True, help="JSONL(.gz) trace; repeat for several")
+    ap.add_argument("--budget", type=int, nargs="+", default=[8], help="draft budgets to replay (default 8)")
+    ap.add_argument("--drafters", default=",".join(ALL_DRAFTERS),
+                    help=f"comma-separated subset of {', '.join(ALL_DRAFTERS)} (default: all available)")
+    ap.add_argument("--limit", type=int, default=None, help="replay only the first N requests of each trace")
+    ap.add_argument("--out-dir", default="replay_out", help="where the JSON and PNG go (default ./replay_out)")
+    ap.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    ap.add_argument("--quiet", action="store_true", help="no progress lines")
+    args = ap.parse_args(argv)
+
+    if any(b < 0 for b in args.budget):
+        ap.error("--budget values must be >= 0")
+    names = [n.strip() for n in args.drafters.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ALL_DRAFTERS]
+    if unknown:
+        ap.error(f"unknown drafter(s) {unknown}; choose from {', '.join(ALL_DRAFTERS)}")
+    log = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
+    names = available_drafters(names, log=lambda msg: print(msg, flush=True))
+
+    results: list[ReplayResult] = []
+    for trace_path in args.trace:
+        trace = os.path.basename(trace_path).split(".")[0]
+        pairs = load_trace(trace_path, args.limit)
+        for budget in args.budget:
+            for name in names:
+                drafter = make_drafter(name, budget)
+                every = max(1, len(pairs) // 10)
+                res = replay(drafter, pairs, budget, trace,
+                             progress=lambda k: k % every == 0 and log(f"  {trace} b={budget} {name}: {k}/{len(pairs)}"))
+                close = getattr(getattr(drafter, "cache", None), "close", None)
+                if close:
+                    close()
+                log(f"{trace} budget={budget} {name}: AL {res.acceptance_length:.3f} ({res.us_per_step:.1f} µs/step)")
+                results.append(res)
+
+    table = markdown_table(results)
+    print(table)
+    os.makedirs(args.out_dir, exist_ok=True)
+    json_path = os.path.join(args.out_dir, "replay.json")
+    with open(json_path, "w") as f:
+        json.dump([r.as_dict() for r in results], f, indent=1)
+    print(f"\nwrote {json_path}")
+    if not args.no_plot:
+        png = os.path.join(args.out_dir, "replay.png")
+        plot(results, png)
+        print(f"wrote {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

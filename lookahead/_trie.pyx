@@ -60,6 +60,70 @@ cdef inline int _log2_ceil(int64_t x) noexcept nogil:
     return b
 
 
+cdef object _as_token_array = None
+
+
+cdef int _bad_token(str what, object value, Py_ssize_t index, int64_t max_id) except -1:
+    raise ValueError(f"{what}: token id {value} at index {index} is outside [0, {max_id}]")
+
+
+cdef int _read_tokens(object src, Py_ssize_t tail, int64_t max_id, vector[int32_t]& out,
+                      str what) except -1:
+    """Copy the last ``tail`` ids of ``src`` (all if ``tail < 0``) into ``out``,
+    checking each.  Lists, tuples and int32/int64 arrays take a fast path (only
+    the tail is read: no per-step copy of a whole context); anything else goes
+    through ``lookahead.tokens.as_token_array`` for its checks and messages."""
+    global _as_token_array
+    cdef Py_ssize_t n, start, i
+    cdef object item
+    cdef int64_t v
+    cdef const int32_t[:] v32
+    cdef const int64_t[:] v64
+    out.clear()
+    if type(src) is list or type(src) is tuple:
+        n = len(src)
+        start = 0 if tail < 0 or tail >= n else n - tail
+        for i in range(start, n):
+            item = src[i]
+            if type(item) is not int:
+                if isinstance(item, bool) or not isinstance(item, (int, np.integer)):
+                    raise TypeError(f"{what}: token ids must be integers, got {type(item).__name__} at index {i}")
+            v = item
+            if v < 0 or v > max_id:
+                _bad_token(what, item, i, max_id)
+            out.push_back(<int32_t>v)
+        return 0
+    if isinstance(src, np.ndarray) and src.ndim == 1 and (src.dtype == np.int32 or src.dtype == np.int64):
+        n = src.shape[0]
+        start = 0 if tail < 0 or tail >= n else n - tail
+        if src.dtype == np.int32:
+            v32 = src
+            for i in range(start, n):
+                if v32[i] < 0 or v32[i] > max_id:
+                    _bad_token(what, v32[i], i, max_id)
+                out.push_back(v32[i])
+        else:
+            v64 = src
+            for i in range(start, n):
+                if v64[i] < 0 or v64[i] > max_id:
+                    _bad_token(what, v64[i], i, max_id)
+                out.push_back(<int32_t>v64[i])
+        return 0
+    if _as_token_array is None:
+        from lookahead.tokens import as_token_array
+        _as_token_array = as_token_array
+    if tail >= 0:
+        try:
+            src = src[-tail:] if tail > 0 else src[:0]
+        except TypeError:
+            raise TypeError(f"{what}: expected a sequence of token ids, got {type(src).__name__}") from None
+    arr = _as_token_array(src, what, max_id + 1)
+    v32 = arr
+    for i in range(v32.shape[0]):
+        out.push_back(v32[i])
+    return 0
+
+
 cdef class TokenStore:
     """One token stream with its n-gram occurrence index.
 
@@ -247,6 +311,16 @@ cdef class TokenStore:
         with nogil:
             self.append(&tokens[0], count, index_now)
 
+    def append_checked(self, object tokens, int64_t max_id, str what="tokens"):
+        """Validate ``tokens`` and append them, indexed at once.  Returns how
+        many were appended.  Nothing is appended if any id is bad."""
+        cdef vector[int32_t] buf
+        _read_tokens(tokens, -1, max_id, buf, what)
+        if buf.size():
+            with nogil:
+                self.append(buf.data(), buf.size(), True)
+        return buf.size()
+
     def append_indexed(self, const int32_t[::1] tokens):
         """Append and index a long run in lock-bounded chunks (no GIL)."""
         cdef int64_t count = tokens.shape[0]
@@ -260,18 +334,28 @@ cdef class TokenStore:
         with nogil:
             self.catch_up()
 
-    def tokens(self):
-        """The live tokens, oldest first, separators as -1 (a copy)."""
-        cdef int64_t start, i, count
+    def slice(self, int64_t start, int64_t end):
+        """Tokens at absolute positions [start, end), clipped to what is held
+        (a copy; separators are -1)."""
+        cdef int64_t i, count
         self.mtx.lock()
-        start = self.n - self.cap if self.n > self.cap else 0
-        count = self.n - start
+        if start < self.n - self.cap:
+            start = self.n - self.cap
+        if start < 0:
+            start = 0
+        if end > self.n:
+            end = self.n
+        count = end - start if end > start else 0
         out = np.empty(count, dtype=np.int32)
         cdef int32_t[::1] view = out
         for i in range(count):
             view[i] = self.tok[(start + i) & self.mask]
         self.mtx.unlock()
         return out
+
+    def tokens(self):
+        """All live tokens, oldest first (a copy)."""
+        return self.slice(0, self.n)
 
     @property
     def size(self):
@@ -607,44 +691,32 @@ cdef class Drafter:
     cdef vector[TrieNode] nodes
     cdef vector[int32_t] out_tokens
     cdef vector[int32_t] out_parents
+    cdef vector[int32_t] ctx
+    cdef public int64_t drafts, drafted   # counters for stats()
 
-    def draft(self, TokenStore local, TokenStore shared, const int32_t[::1] ctx,
-              int budget, bint one_branch, DraftConfig config):
-        """Draft after ``ctx`` (the context's tail, int32).  Returns
-        ``(tokens, parents)`` as lists; parents[i] == -1 means a child of the
-        context's last token."""
-        cdef int ctx_len = ctx.shape[0]
+    def draft_context(self, TokenStore local, TokenStore shared, object context, int budget,
+                      bint one_branch, DraftConfig config, int64_t max_id):
+        """:meth:`draft` after a whole context (list or int array): only its
+        last ``max_match`` ids are read and checked."""
+        _read_tokens(context, config.p.max_match, max_id, self.ctx, "context")
+        if self.ctx.size() == 0 or budget <= 0:
+            return [], []
         cdef bint has_local = local is not None
         cdef bint has_shared = shared is not None
-        cdef const int32_t* ptr = &ctx[0] if ctx_len > 0 else NULL
-        if ctx_len == 0 or budget <= 0:
-            return [], []
         with nogil:
-            _draft(local, has_local, shared, has_shared, ptr, ctx_len, budget,
+            _draft(local, has_local, shared, has_shared, self.ctx.data(), self.ctx.size(), budget,
                    one_branch, &config.p, self.cands, self.nodes,
                    self.out_tokens, self.out_parents)
+        self.drafts += 1
+        self.drafted += self.out_tokens.size()
         return list(self.out_tokens), list(self.out_parents)
 
-    def draft_batch(self, list locals_, TokenStore shared, list ctxs, int budget,
-                    bint one_branch, DraftConfig config):
-        """:meth:`draft` for many requests; returns a list of (tokens, parents)."""
-        cdef Py_ssize_t i, nreq = len(ctxs)
-        cdef TokenStore local
-        cdef const int32_t[::1] ctx
-        cdef bint has_local, has_shared = shared is not None
-        cdef int ctx_len
+    def draft_batch(self, list locals_, TokenStore shared, list contexts, int budget,
+                    bint one_branch, DraftConfig config, int64_t max_id):
+        """:meth:`draft_context` for many requests; a list of (tokens, parents)."""
+        cdef Py_ssize_t i
         out = []
-        for i in range(nreq):
-            local = locals_[i]
-            ctx = ctxs[i]
-            ctx_len = ctx.shape[0]
-            has_local = local is not None
-            if ctx_len == 0 or budget <= 0:
-                out.append(([], []))
-                continue
-            with nogil:
-                _draft(local, has_local, shared, has_shared, &ctx[0], ctx_len, budget,
-                       one_branch, &config.p, self.cands, self.nodes,
-                       self.out_tokens, self.out_parents)
-            out.append((list(self.out_tokens), list(self.out_parents)))
+        for i in range(len(contexts)):
+            out.append(self.draft_context(locals_[i], shared, contexts[i], budget,
+                                          one_branch, config, max_id))
         return out

@@ -12,14 +12,14 @@ from __future__ import annotations
 import json
 import os
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Hashable, NamedTuple, Sequence
 
 import numpy as np
 
 from lookahead._trie import DraftConfig, Drafter, TokenStore
 from lookahead.inserter import BackgroundInserter
-from lookahead.tokens import as_token_array, check_budget
+from lookahead.tokens import MAX_TOKEN_ID, as_token_array, check_budget
 
 _SEPARATOR = np.array([-1], dtype=np.int32)
 _FORMAT_VERSION = 1
@@ -53,10 +53,10 @@ class LookaheadConfig:
     match_exponent: float = 2.0  # occurrence weight = match_len ** exponent
     local_weight: float = 4.0  # the request's own stream weighs this much more
     min_match_len: int = 1  # ignore occurrences matching fewer tokens
-    confidence: float = 0.0  # pseudo-weight discounting branches seen few times
+    confidence: float = 8.0  # pseudo-weight discounting branches seen few times
     order_norm: float = 0.0  # 1: each n-gram order weighs the same however many hits it has
     share_outputs: bool = True  # feed outputs into the shared history
-    share_prompt_tail: int = 8  # prompt tokens kept before the output, as context
+    share_prompt_tail: int = 8  # prompt tokens shared before the output, as its context
     flush_tokens: int = 128  # share a running request's output every this many tokens
     vocab_size: int | None = None  # reject ids >= vocab_size when set
     background: bool = True  # False: apply inserts inline (debugging)
@@ -96,11 +96,9 @@ class LookaheadConfig:
 
 @dataclass
 class _Request:
-    store: TokenStore
-    prompt_tail: np.ndarray  # context that precedes the first shared output
-    unshared: list = field(default_factory=list)  # output chunks not yet in the shared history
-    unshared_len: int = 0
-    output_len: int = 0
+    store: TokenStore  # the prompt, then the output as it is accepted
+    prompt_len: int
+    shared_upto: int  # store position up to which the output is in the shared history
 
 
 class LookaheadCache:
@@ -134,50 +132,38 @@ class LookaheadCache:
             confidence=config.confidence,
             order_norm=config.order_norm,
         )
+        self._max_id = MAX_TOKEN_ID if config.vocab_size is None else config.vocab_size - 1
         self._shared = TokenStore(config.shared_capacity, True, config.orders)
         self._requests: dict[Hashable, _Request] = {}
         self._lock = threading.Lock()
         self._inserter = BackgroundInserter()
         self._scratch = threading.local()
-        self._counters = {"prompts": 0, "prompt_tokens": 0, "output_tokens": 0, "drafts": 0,
-                          "draft_tokens": 0, "finished": 0}
+        self._drafters: list[Drafter] = []
+        self._prompts = self._prompt_tokens = self._output_tokens = self._finished = 0
 
     # -- feeding -------------------------------------------------------------
 
     def put_prompt(self, rid: Hashable, tokens: Any) -> None:
         """Index a new request's whole prompt (in the background)."""
         arr = as_token_array(tokens, "prompt", self.config.vocab_size)
-        orders = self.config.orders
-        store = TokenStore(max(1024, 2 * len(arr) + 256), False, orders)
+        store = TokenStore(max(1024, 2 * len(arr) + 256), False, self.config.orders)
+        # The raw copy is a memcpy; the indexing is the expensive part.
+        store.append_tokens(arr, False)
         with self._lock:
             if rid in self._requests:
                 raise ValueError(f"request {rid!r} already has a prompt; call finish() before reusing its id")
-            self._requests[rid] = _Request(store, arr[-self.config.share_prompt_tail:].copy()
-                                           if self.config.share_prompt_tail else arr[:0].copy())
-            self._counters["prompts"] += 1
-            self._counters["prompt_tokens"] += len(arr)
-        # The raw copy is a memcpy; the indexing is the expensive part.
-        store.append_tokens(arr, False)
+            self._requests[rid] = _Request(store, len(arr), len(arr))
+            self._prompts += 1
+            self._prompt_tokens += len(arr)
         self._run(store.index_pending)
 
     def put_output(self, rid: Hashable, tokens: Any) -> None:
         """Give the request's newly accepted tokens (visible to its next draft)."""
-        arr = as_token_array(tokens, "output", self.config.vocab_size)
-        req = self._get(rid)
-        if not len(arr):
-            return
-        req.store.append_tokens(arr, True)
-        with self._lock:
-            req.output_len += len(arr)
-            self._counters["output_tokens"] += len(arr)
-            if self.config.share_outputs:
-                # Keep our own copy: the caller may reuse its buffer.
-                req.unshared.append(arr if arr is not tokens and arr.base is None else arr.copy())
-                req.unshared_len += len(arr)
-                flush = req.unshared_len >= self.config.flush_tokens
-            else:
-                flush = False
-        if flush:
+        req = self._requests.get(rid)
+        if req is None:
+            raise ValueError(f"unknown request {rid!r}: call put_prompt() first")
+        self._output_tokens += req.store.append_checked(tokens, self._max_id, "output")
+        if self.config.share_outputs and req.store.appended - req.shared_upto >= self.config.flush_tokens:
             self._share(req)
 
     def finish(self, rid: Hashable) -> None:
@@ -186,21 +172,21 @@ class LookaheadCache:
             req = self._requests.pop(rid, None)
             if req is None:
                 raise ValueError(f"unknown request {rid!r}: finish() needs a put_prompt() first")
-            self._counters["finished"] += 1
-        if req.unshared_len:
+            self._finished += 1
+        if self.config.share_outputs:
             self._share(req)
 
     def _share(self, req: _Request) -> None:
-        # A separator keeps n-grams from spanning requests; the preceding
-        # tokens (prompt tail or last shared outputs) give the first new tokens
-        # their context.
+        # A separator keeps n-grams from spanning requests; the tokens just
+        # before the new output (the prompt's tail, or the last shared output)
+        # give its first tokens their context.
         with self._lock:
-            chunks, req.unshared, req.unshared_len = req.unshared, [], 0
-            if not chunks:
+            start, end = req.shared_upto, req.store.appended
+            if end <= start:
                 return
-            segment = np.concatenate([_SEPARATOR, req.prompt_tail, *chunks])
-            keep = max(self.config.orders)
-            req.prompt_tail = segment[-keep:].copy()
+            context = self.config.share_prompt_tail if start == req.prompt_len else max(self.config.orders)
+            req.shared_upto = end
+        segment = np.concatenate([_SEPARATOR, req.store.slice(start - context, end)])
         self._run(lambda: self._shared.append_indexed(segment))
 
     def _run(self, job) -> None:
@@ -215,42 +201,28 @@ class LookaheadCache:
 
     # -- drafting ------------------------------------------------------------
 
-    def _get(self, rid: Hashable) -> _Request:
-        req = self._requests.get(rid)
-        if req is None:
-            raise ValueError(f"unknown request {rid!r}: call put_prompt() first")
-        return req
-
     def _drafter(self) -> Drafter:
-        drafter = getattr(self._scratch, "drafter", None)
-        if drafter is None:
+        try:
+            return self._scratch.drafter
+        except AttributeError:
             drafter = self._scratch.drafter = Drafter()
-        return drafter
-
-    def _tail(self, context: Any) -> np.ndarray:
-        # Only the last max_match_len tokens can match: never copy the rest.
-        n = self.config.max_match_len
-        if isinstance(context, np.ndarray):
-            tail = context[-n:]
-        else:
-            try:
-                tail = context[-n:]
-            except TypeError:
-                raise TypeError(f"context must be a sequence of token ids, got {type(context).__name__}") from None
-        return as_token_array(tail, "context", self.config.vocab_size)
+            with self._lock:
+                self._drafters.append(drafter)
+            return drafter
 
     def draft(self, rid: Hashable, context: Any, budget: int, one_branch: bool = False) -> Draft:
         """Draft at most ``budget`` tokens after ``context`` (prompt + output so far).
 
-        An empty draft means nothing matched.
+        Only the context's last ``max_match_len`` ids are read.  An empty draft
+        means nothing matched.
         """
-        budget = check_budget(budget)
-        req = self._get(rid)
-        tail = self._tail(context)
-        tokens, parents = self._drafter().draft(req.store, self._shared, tail, budget,
-                                                bool(one_branch), self._draft_config)
-        self._counters["drafts"] += 1
-        self._counters["draft_tokens"] += len(tokens)
+        if type(budget) is not int or budget < 0:
+            budget = check_budget(budget)
+        req = self._requests.get(rid)
+        if req is None:
+            raise ValueError(f"unknown request {rid!r}: call put_prompt() first")
+        tokens, parents = self._drafter().draft_context(req.store, self._shared, context, budget,
+                                                        one_branch, self._draft_config, self._max_id)
         return Draft(tokens, parents)
 
     def batch_draft(self, rids: Sequence[Hashable], contexts: Sequence[Any], budget: int,
@@ -259,12 +231,14 @@ class LookaheadCache:
         budget = check_budget(budget)
         if len(rids) != len(contexts):
             raise ValueError(f"batch_draft got {len(rids)} rids but {len(contexts)} contexts")
-        stores = [self._get(rid).store for rid in rids]
-        tails = [self._tail(c) for c in contexts]
-        results = self._drafter().draft_batch(stores, self._shared, tails, budget, bool(one_branch),
-                                              self._draft_config)
-        self._counters["drafts"] += len(results)
-        self._counters["draft_tokens"] += sum(len(t) for t, _ in results)
+        stores = []
+        for rid in rids:
+            req = self._requests.get(rid)
+            if req is None:
+                raise ValueError(f"unknown request {rid!r}: call put_prompt() first")
+            stores.append(req.store)
+        results = self._drafter().draft_batch(stores, self._shared, list(contexts), budget, one_branch,
+                                              self._draft_config, self._max_id)
         return [Draft(t, p) for t, p in results]
 
     # -- introspection and persistence ----------------------------------------
@@ -279,10 +253,15 @@ class LookaheadCache:
         """Sizes and counters, for logs, metrics and benchmarks."""
         with self._lock:
             stores = [r.store for r in self._requests.values()]
-            counters = dict(self._counters)
+            drafters = list(self._drafters)
         local_bytes = sum(s.nbytes for s in stores)
         return {
-            **counters,
+            "prompts": self._prompts,
+            "prompt_tokens": self._prompt_tokens,
+            "output_tokens": self._output_tokens,
+            "finished": self._finished,
+            "drafts": sum(d.drafts for d in drafters),
+            "draft_tokens": sum(d.drafted for d in drafters),
             "active_requests": len(stores),
             "local_tokens": sum(s.size for s in stores),
             "local_bytes": local_bytes,

@@ -1,0 +1,583 @@
+"""LOOKAHEAD's server options: definitions, transport, validation and accessor.
+
+All of LOOKAHEAD's SGLang-facing configuration lives in this one module.
+
+How the options reach SGLang
+----------------------------
+SGLang 0.5.23 has no API for plugin-specific flags. ``ServerArgs`` is a msgspec
+struct assembled at import time, and three paths consume it:
+
+* the CLI: ``prepare_server_args`` builds its parser from the fields of the
+  module-level ``sglang.srt.server_args.ServerArgs`` and instantiates that
+  class (``launch_server``, ``sglang serve``, ``--help``, ``--config`` files);
+* ``sgl.Engine(**kwargs)``: ``self.server_args_class(**kwargs)``, where an
+  unknown keyword is an error;
+* the scheduler processes: they are *spawned* and receive the record pickled
+  (``ServerArgs.__reduce__`` pickles the class by reference, the fields, and
+  the bookkeeping ``__dict__``).
+
+``LookaheadServerArgs`` below is a ``ServerArgs`` subclass that adds the options
+as real fields, declared with SGLang's own ``A[T, Arg(...)]`` metadata and the
+``spec`` namespace. ``install()`` puts it in place of ``ServerArgs``, so:
+
+* the CLI parser derives ``--speculative-one-branch`` etc. from the fields, with
+  their help text, exactly as for built-in options (also in ``--help``);
+* ``Engine(speculative_one_branch=True, ...)`` is an ordinary keyword argument;
+* the record pickles as ``lookahead.server_args.LookaheadServerArgs``, so the
+  values travel to every child process with the rest of the configuration;
+* the values are published in the scheduler's ``spec`` bag
+  (``runtime_context.get_spec().speculative_lookahead_max_batch_size``) and
+  show up in ``/server_info`` and the ``server_args=...`` log line;
+* resolution can declare them like any field (the path is made absolute).
+
+The replacement is one ``HookRegistry`` class-REPLACE hook (SGLang's documented
+way to substitute a subclass; it also rebinds modules that imported the name),
+plus the same REPLACE on ``Engine.server_args_class`` when the engine module is
+already imported, which is the case when ``Engine.__init__`` itself loads the
+plugins. Every hook is registered in ``install()`` with a comment.
+
+Validation happens at start-up, during ``ServerArgs.resolve_once()`` in the
+launching process (before anything is spawned), through the
+``validate_server_args`` / ``handle_server_args`` callbacks of the registered
+spec algorithm (see ``lookahead.plugin``). Errors are ``ValueError`` with the
+offending flag named.
+
+``get_lookahead_args(server_args)`` returns the resolved options as a frozen
+``LookaheadArgs`` for the worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import sys
+from typing import Any, Optional
+
+import sglang.srt.server_args as _sgl_server_args
+from sglang.srt.arg_groups.arg_utils import A, Arg
+
+logger = logging.getLogger(__name__)
+
+ALGORITHM_NAME = "LOOKAHEAD"
+
+# Verify width per request when --speculative-num-draft-tokens is not given:
+# the last accepted token (the tree root) plus 7 draft tokens.
+DEFAULT_NUM_DRAFT_TOKENS = 8
+DEFAULT_MAX_BATCH_SIZE = 4
+
+# Devices whose TARGET_VERIFY path LOOKAHEAD shares with NGRAM (same list as
+# sglang's _handle_ngram).
+_SUPPORTED_DEVICES = ("cuda", "cpu", "xpu")
+
+
+# --------------------------------------------------------------------------
+# CLI value parsers (argparse prints "argument --flag: <message>")
+# --------------------------------------------------------------------------
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_empty_path(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must be a non-empty file path")
+    return text
+
+
+# --------------------------------------------------------------------------
+# Option definitions (the one place: name, type, default, help)
+# --------------------------------------------------------------------------
+
+
+def _original_server_args_class() -> type:
+    """sglang's own ``ServerArgs``, even if it has already been replaced."""
+    cls = _sgl_server_args.ServerArgs
+    while cls.__dict__.get("_LOOKAHEAD_SUBCLASS", False):
+        cls = cls.__bases__[0]
+    return cls
+
+
+class LookaheadServerArgs(_original_server_args_class()):
+    """``ServerArgs`` plus LOOKAHEAD's options, in the ``spec`` namespace.
+
+    ``--speculative-num-draft-tokens`` (SGLang's own field) is reused with
+    NGRAM's meaning: the verify width per request, *including* the root (the
+    last accepted token), so a tree has ``num_draft_tokens - 1`` draft tokens
+    and the same number costs the same verify work under both algorithms.
+    """
+
+    # Namespace of the fields declared in this class: the scheduler reads them
+    # from get_spec(), next to speculative_num_draft_tokens.
+    _NS_PATH = "spec"
+    # Marks the subclass (see _original_server_args_class).
+    _LOOKAHEAD_SUBCLASS = True
+
+    speculative_one_branch: A[
+        bool,
+        Arg(
+            help="LOOKAHEAD only. Draft a single chain (the best branch) "
+            "instead of a tree of --speculative-num-draft-tokens nodes (root "
+            "included). Unlike a tree, a chain may be combined with "
+            "--page-size > 1 on any attention backend.",
+        ),
+    ] = False
+    speculative_lookahead_max_batch_size: A[
+        int,
+        Arg(
+            help="LOOKAHEAD only. Speculate only while the running decode "
+            "batch has at most this many requests; larger batches decode one "
+            "token per step (verification costs more than it saves when the "
+            "batch already keeps the hardware busy). 0 never speculates.",
+            type_parser=_non_negative_int,
+        ),
+    ] = DEFAULT_MAX_BATCH_SIZE
+    speculative_lookahead_max_match_len: A[
+        Optional[int],
+        Arg(
+            help="LOOKAHEAD only. Longest context suffix, in tokens, compared "
+            "against the trie when drafting (its useful depth; continuations "
+            "themselves are not depth-capped). Longer matches are more "
+            "specific but cost more host time per step. Unset: the cache's "
+            "default (LookaheadConfig.max_match_len, 32).",
+            type_parser=_positive_int,
+        ),
+    ] = None
+    speculative_lookahead_memory_mb: A[
+        Optional[int],
+        Arg(
+            help="LOOKAHEAD only. Memory budget, in MiB, of the trie's shared "
+            "history (the token stream of all requests plus its index); the "
+            "oldest tokens are evicted beyond it. Per-request stores of live "
+            "requests come on top. Unset: the cache's default "
+            "(LookaheadConfig.max_memory_bytes, 256 MiB).",
+            type_parser=_positive_int,
+        ),
+    ] = None
+    speculative_lookahead_path: A[
+        Optional[str],
+        Arg(
+            help="LOOKAHEAD only. File (.npz) holding the trie's shared "
+            "history: loaded at start-up if it exists (so a restarted server "
+            "keeps its drafts), written at shutdown. Its directory must exist "
+            "and be writable.",
+            type_parser=_non_empty_path,
+        ),
+    ] = None
+
+    def resolve_once(self) -> None:
+        """Resolve as ``ServerArgs`` does, then warn about LOOKAHEAD options
+        given for another algorithm (they have no effect)."""
+        first = not getattr(self, "_resolution_finished", False)
+        super().resolve_once()
+        if first:
+            _warn_unused_options(self)
+
+
+# Field name -> LookaheadArgs attribute.
+_FIELD_TO_ATTR = {
+    "speculative_one_branch": "one_branch",
+    "speculative_lookahead_max_batch_size": "max_batch_size",
+    "speculative_lookahead_max_match_len": "max_match_len",
+    "speculative_lookahead_memory_mb": "memory_mb",
+    "speculative_lookahead_path": "path",
+}
+LOOKAHEAD_FIELDS = tuple(_FIELD_TO_ATTR)
+
+
+def _flag(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def _declared_defaults() -> dict[str, Any]:
+    import msgspec
+
+    return {
+        f.name: f.default
+        for f in msgspec.structs.fields(LookaheadServerArgs)
+        if f.name in _FIELD_TO_ATTR
+    }
+
+
+# --------------------------------------------------------------------------
+# Accessor
+# --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class LookaheadArgs:
+    """LOOKAHEAD's resolved options, as the worker uses them.
+
+    ``num_draft_tokens`` is the verify width per request including the root
+    (NGRAM's meaning), hence ``draft_budget = num_draft_tokens - 1`` draft
+    tokens per request and step.
+    """
+
+    num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS
+    one_branch: bool = False
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    max_match_len: Optional[int] = None
+    memory_mb: Optional[int] = None
+    path: Optional[str] = None
+
+    def __post_init__(self):
+        def is_int(value):
+            return isinstance(value, int) and not isinstance(value, bool)
+
+        if not is_int(self.num_draft_tokens) or self.num_draft_tokens < 1:
+            raise ValueError(
+                "--speculative-num-draft-tokens must be an integer >= 1 for "
+                "LOOKAHEAD (it is the verify width per request, including the "
+                f"last accepted token), got {self.num_draft_tokens!r}"
+            )
+        if not isinstance(self.one_branch, bool):
+            raise ValueError(
+                f"--speculative-one-branch must be a bool, got {self.one_branch!r}"
+            )
+        if not is_int(self.max_batch_size) or self.max_batch_size < 0:
+            raise ValueError(
+                "--speculative-lookahead-max-batch-size must be an integer >= 0 "
+                f"(0 never speculates), got {self.max_batch_size!r}"
+            )
+        for flag, value in (
+            ("--speculative-lookahead-max-match-len", self.max_match_len),
+            ("--speculative-lookahead-memory-mb", self.memory_mb),
+        ):
+            if value is not None and (not is_int(value) or value < 1):
+                raise ValueError(f"{flag} must be an integer >= 1, got {value!r}")
+        if self.path is not None and (
+            not isinstance(self.path, (str, os.PathLike)) or not os.fspath(self.path).strip()
+        ):
+            raise ValueError(
+                f"--speculative-lookahead-path must be a non-empty path, got {self.path!r}"
+            )
+
+    @property
+    def draft_budget(self) -> int:
+        """Draft tokens per request and step (the tree root excluded)."""
+        return self.num_draft_tokens - 1
+
+    def speculates(self, batch_size: int) -> bool:
+        """Whether a decode batch of ``batch_size`` requests is verified with drafts."""
+        return self.num_draft_tokens > 1 and 0 < batch_size <= self.max_batch_size
+
+    def cache_overrides(self) -> dict[str, Any]:
+        """Keyword overrides for ``lookahead.LookaheadConfig`` (only the options
+        that were set; the rest keep the cache's tuned defaults)."""
+        out: dict[str, Any] = {}
+        if self.max_match_len is not None:
+            out["max_match_len"] = self.max_match_len
+        if self.memory_mb is not None:
+            out["max_memory_bytes"] = self.memory_mb << 20
+        return out
+
+
+def _read(server_args: Any, name: str, default: Any) -> Any:
+    """The resolved value of ``name``: the last resolution declaration, then the
+    raw field, then ``default`` (records without the field, e.g. a plain
+    ``ServerArgs`` built before the plugin was loaded)."""
+    from sglang.srt.arg_groups.arg_utils import is_record
+
+    if is_record(server_args):
+        from sglang.srt.arg_groups.overrides import resolution_result
+
+        value = resolution_result(server_args, name, default)
+    else:  # a resolving view / stand-in during resolution, or the spec bag
+        value = getattr(server_args, name, default)
+    return default if value is None and default is not None else value
+
+
+def get_lookahead_args(server_args: Any = None) -> LookaheadArgs:
+    """LOOKAHEAD's options from ``server_args`` (a record, a resolution view, or
+    SGLang's published ``spec`` bag). Without an argument, reads the bag
+    published in this process (``runtime_context.get_spec()``), which follows
+    runtime overrides.
+
+    Raises ``ValueError`` when a value is out of range.
+    """
+    if server_args is None:
+        from sglang.srt.runtime_context import get_spec
+
+        server_args = get_spec()
+    defaults = _declared_defaults()
+    values = {
+        attr: _read(server_args, field, defaults[field])
+        for field, attr in _FIELD_TO_ATTR.items()
+    }
+    values["num_draft_tokens"] = _read(
+        server_args, "speculative_num_draft_tokens", DEFAULT_NUM_DRAFT_TOKENS
+    )
+    return LookaheadArgs(**values)
+
+
+# --------------------------------------------------------------------------
+# Validation and SGLang-side settings (called during ServerArgs.resolve_once)
+# --------------------------------------------------------------------------
+
+
+def validate_lookahead_server_args(server_args: Any) -> None:
+    """``validate_server_args`` callback of the LOOKAHEAD spec algorithm.
+
+    Checks LOOKAHEAD's own options, each on its own (an unset
+    --speculative-num-draft-tokens counts as the default). ``server_args`` is
+    the write-recording stand-in that SGLang passes to plugin callbacks; reads
+    go through the resolution so far. Combinations are checked in
+    ``handle_lookahead_server_args``, once the defaults are filled in.
+    """
+    get_lookahead_args(server_args)
+
+
+def _check_path(path: str) -> str:
+    """Absolute form of ``--speculative-lookahead-path``, checked so that the
+    load at start-up and the save at shutdown cannot fail on the path itself."""
+    flag = "--speculative-lookahead-path"
+    path = os.path.abspath(os.path.expanduser(os.fspath(path)))
+    if os.path.exists(path):
+        if not os.path.isfile(path):
+            raise ValueError(f"{flag} {path!r} exists but is not a regular file")
+        if not os.access(path, os.R_OK):
+            raise ValueError(f"{flag} {path!r} is not readable")
+    parent = os.path.dirname(path) or "."
+    if not os.path.isdir(parent):
+        raise ValueError(
+            f"{flag}: directory {parent!r} does not exist (the trie is saved "
+            "there at shutdown)"
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(
+            f"{flag}: directory {parent!r} is not writable (the trie is saved "
+            "there at shutdown)"
+        )
+    return path
+
+
+def handle_lookahead_server_args(server_args: Any) -> None:
+    """``handle_server_args`` of the LOOKAHEAD spec algorithm.
+
+    Mirrors sglang's ``_handle_ngram`` (arg_groups/speculative_hook.py), since
+    LOOKAHEAD verifies like NGRAM: a tree of ``speculative_num_draft_tokens``
+    nodes including the root, one TARGET_VERIFY forward, no draft model.
+    ``server_args`` is SGLang's stand-in for plugin callbacks: it reads through
+    the resolution so far and turns field assignments into declarations.
+    Raises ``ValueError`` for a bad combination.
+    """
+    sa = server_args
+
+    if sa.device not in _SUPPORTED_DEVICES:
+        raise ValueError(
+            f"LOOKAHEAD speculative decoding supports devices {_SUPPORTED_DEVICES}, "
+            f"got --device {sa.device!r}"
+        )
+    if sa.speculative_draft_model_path is not None:
+        raise ValueError(
+            "LOOKAHEAD drafts from a host-side trie and uses no draft model; "
+            "remove --speculative-draft-model-path"
+        )
+
+    if sa.speculative_num_draft_tokens is None:
+        sa.speculative_num_draft_tokens = DEFAULT_NUM_DRAFT_TOKENS
+        logger.warning(
+            "speculative_num_draft_tokens is set to %d by default for LOOKAHEAD "
+            "(the verify width per request, including the last accepted token). "
+            "You can override this by explicitly setting "
+            "--speculative-num-draft-tokens.",
+            DEFAULT_NUM_DRAFT_TOKENS,
+        )
+    args = get_lookahead_args(sa)  # raises ValueError on an out-of-range value
+    if args.path is not None:
+        path = _check_path(args.path)
+        if path != args.path:
+            sa.speculative_lookahead_path = path  # absolute: children may chdir
+    if args.num_draft_tokens == 1:
+        logger.warning(
+            "--speculative-num-draft-tokens 1 leaves no room for draft tokens "
+            "(the width includes the last accepted token): LOOKAHEAD will "
+            "verify one token per step, like plain decoding."
+        )
+    if args.max_batch_size == 0:
+        logger.warning(
+            "--speculative-lookahead-max-batch-size 0: LOOKAHEAD never "
+            "speculates and every step decodes one token."
+        )
+
+    # The worker drafts on the host between forward passes and returns
+    # NGRAM-style results that the overlap relay does not carry; it is
+    # registered with supports_overlap=False, so overlap must be off.
+    if not sa.disable_overlap_schedule:
+        sa.disable_overlap_schedule = True
+        logger.info("Overlap schedule is disabled for LOOKAHEAD speculative decoding.")
+
+    # Same as NGRAM: the mixed prefill+decode step has no verified resume path.
+    if sa.enable_mixed_chunk:
+        logger.warning(
+            "The mixed chunked prefill is disabled because of using LOOKAHEAD "
+            "speculative decoding."
+        )
+    sa.enable_mixed_chunk = False
+
+    # speculative_eagle_topk / speculative_num_steps only size things for a
+    # draft-model-free tree (KV reserved per decode step is
+    # max(num_steps * topk, num_draft_tokens); topk > 1 marks a real tree for
+    # the paged-attention check below). A chain is topk 1 with
+    # num_draft_tokens == num_steps + 1 (SGLang's topk-1 invariant); a tree may
+    # branch up to num_draft_tokens - 1 ways at its root, and keeps
+    # num_steps * topk <= num_draft_tokens like NGRAM's num_draft_tokens // topk.
+    n = args.num_draft_tokens
+    if args.one_branch or n <= 2:
+        topk, num_steps = 1, max(1, n - 1)
+    else:
+        topk = n - 1
+        num_steps = max(1, n // topk)
+    for field, value in (
+        ("speculative_eagle_topk", topk),
+        ("speculative_num_steps", num_steps),
+    ):
+        given = getattr(sa, field)
+        if given is not None and given != value:
+            logger.warning(
+                "--%s %s is ignored by LOOKAHEAD (derived from "
+                "--speculative-num-draft-tokens and --speculative-one-branch: %s).",
+                field.replace("_", "-"),
+                given,
+                value,
+            )
+        setattr(sa, field, value)
+
+    # Same rule as NGRAM: tree verification with page_size > 1 needs flashinfer.
+    if topk > 1 and (sa.page_size or 1) > 1 and sa.attention_backend != "flashinfer":
+        raise ValueError(
+            f"LOOKAHEAD tree drafts (up to {topk} branches) with page_size "
+            f"({sa.page_size}) > 1 are only supported by the 'flashinfer' "
+            "attention backend. Use --page-size 1, --attention-backend "
+            "flashinfer, or --speculative-one-branch."
+        )
+
+    from sglang.srt.runtime_context import attn_dp_enabled_of
+
+    if attn_dp_enabled_of(sa):
+        raise ValueError(
+            "LOOKAHEAD speculative decoding does not support dp attention "
+            "(neither does NGRAM)."
+        )
+
+    # torch_native cannot run TARGET_VERIFY (no tree mask support).
+    if args.max_batch_size > 0:
+        from sglang.srt.arg_groups.model_override_base import attention_backends_of
+
+        prefill_backend, decode_backend = attention_backends_of(sa)
+        verify_backend = (
+            decode_backend if sa.speculative_attention_mode == "decode" else prefill_backend
+        )
+        if verify_backend == "torch_native":
+            hint = ""
+            if sa.device == "cpu":
+                hint = (
+                    " On CPU use --attention-backend intel_amx; sglang replaces "
+                    "it with torch_native when the machine lacks AMX support "
+                    "(torch.cpu._is_amx_tile_supported() and "
+                    "torch.ops.sgl_kernel.convert_weight_packed)."
+                )
+            raise ValueError(
+                "LOOKAHEAD verifies drafts in a TARGET_VERIFY forward, which the "
+                "torch_native attention backend does not support. Use another "
+                "--attention-backend, or --speculative-lookahead-max-batch-size 0."
+                + hint
+            )
+
+    logger.info(
+        "LOOKAHEAD: num_draft_tokens=%d (%d draft token%s), %s, max_batch_size=%d, "
+        "max_match_len=%s, memory_mb=%s, path=%s",
+        n,
+        n - 1,
+        "" if n == 2 else "s",
+        "one branch" if args.one_branch else "tree",
+        args.max_batch_size,
+        args.max_match_len if args.max_match_len is not None else "default",
+        args.memory_mb if args.memory_mb is not None else "default",
+        sa.speculative_lookahead_path,
+    )
+
+
+def _warn_unused_options(server_args: Any) -> None:
+    """Options given while --speculative-algorithm is not LOOKAHEAD do nothing."""
+    from sglang.srt.arg_groups.overrides import resolution_result
+
+    algorithm = resolution_result(server_args, "speculative_algorithm")
+    if algorithm is not None and str(algorithm).upper() == ALGORITHM_NAME:
+        return
+    defaults = _declared_defaults()
+    unused = [
+        _flag(field)
+        for field in _FIELD_TO_ATTR
+        if getattr(server_args, field, defaults[field]) != defaults[field]
+    ]
+    if unused:
+        logger.warning(
+            "%s: only used with --speculative-algorithm %s (got %s); ignored.",
+            ", ".join(unused),
+            ALGORITHM_NAME,
+            algorithm,
+        )
+
+
+# --------------------------------------------------------------------------
+# Installation (called from lookahead.plugin.register)
+# --------------------------------------------------------------------------
+
+_installed = False
+
+
+def install() -> None:
+    """Register the hooks that make ``LookaheadServerArgs`` SGLang's ``ServerArgs``.
+
+    Idempotent. The hooks take effect when ``HookRegistry.apply_hooks()`` runs,
+    which ``load_plugins()`` does right after calling every plugin.
+    """
+    global _installed
+    if _installed:
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    # Overrides: the class sglang.srt.server_args.ServerArgs (and, through the
+    # registry's propagation, every module that did `from ... import ServerArgs`).
+    # Why: prepare_server_args builds the CLI parser from, and instantiates,
+    # that module-level class; the subclass adds LOOKAHEAD's fields there, so
+    # the flags parse, show in --help and travel pickled to the schedulers.
+    HookRegistry.register(
+        "sglang.srt.server_args.ServerArgs", LookaheadServerArgs, HookType.REPLACE
+    )
+
+    # Overrides: Engine.server_args_class, the class Engine.__init__ builds from
+    # its keyword arguments (SGLang's designated override point).
+    # Why: a class attribute keeps the class it was bound to when the engine
+    # module was imported. That is before the plugin loads when the first
+    # Engine(...) call loads it, and the propagation above rebinds module
+    # globals only. Registered only if the module is loaded already, so that
+    # processes that never build an Engine do not import it; an engine module
+    # imported later binds the replaced ServerArgs by itself.
+    engine = sys.modules.get("sglang.srt.entrypoints.engine")
+    if engine is not None and engine.Engine.server_args_class is _original_server_args_class():
+        HookRegistry.register(
+            "sglang.srt.entrypoints.engine.Engine.server_args_class",
+            LookaheadServerArgs,
+            HookType.REPLACE,
+        )
+    _installed = True

@@ -1,0 +1,107 @@
+"""Keeps the trie in step with the scheduler's requests.
+
+The scheduler owns the requests; the trie needs to hear of three events per
+request: its prompt (when its prefill is scheduled), its accepted tokens (as
+they are committed) and its end (completion, abort, or the server going
+idle).  SGLang gives a speculative worker no single hook for all three, so
+this class derives them from what the worker does see:
+
+* prompts: the requests of every prefill batch;
+* output: ``req.output_ids`` grows by the committed tokens after each step
+  (the worker runs with overlap scheduling off, so it is complete when the
+  next step starts); only the new tail is read;
+* ends: ``note_request_finished`` when SGLang calls it, and otherwise a
+  sweep for finished requests at every step, plus ``finish_all`` when the
+  scheduler clears the cache pool on going idle.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Hashable, Iterable
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Live:
+    req: Any  # sglang Req
+    fed: int  # output tokens already given to the trie
+
+
+class RequestFeed:
+    def __init__(self, cache):
+        self.cache = cache
+        self._live: dict[Hashable, _Live] = {}
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def __contains__(self, rid: Hashable) -> bool:
+        return rid in self._live
+
+    @staticmethod
+    def prompt_of(req) -> Any:
+        # Multimodal prompts carry padding ids in origin_input_ids.
+        ids = getattr(req, "origin_input_ids_unpadded", None)
+        return req.origin_input_ids if ids is None else ids
+
+    def start(self, reqs: Iterable) -> None:
+        """Index the prompts of requests seen for the first time."""
+        for req in reqs:
+            if req.rid in self._live:
+                continue  # a later chunk of a chunked prefill, or a retracted request
+            try:
+                self.cache.put_prompt(req.rid, self.prompt_of(req))
+            except (ValueError, TypeError) as exc:
+                # Never fail the batch over drafting: this request just gets no drafts.
+                logger.warning("lookahead: not indexing request %s: %s", req.rid, exc)
+                continue
+            self._live[req.rid] = _Live(req, 0)
+
+    def sync(self, reqs: Iterable) -> list:
+        """Give the trie each request's new output tokens; returns the requests
+        that can be drafted for (those known to the trie)."""
+        ready = []
+        for req in reqs:
+            live = self._live.get(req.rid)
+            if live is None:
+                self.start((req,))
+                live = self._live.get(req.rid)
+                if live is None:
+                    continue
+            out = req.output_ids
+            if len(out) > live.fed:
+                try:
+                    self.cache.put_output(req.rid, out[live.fed:])
+                except (ValueError, TypeError) as exc:
+                    logger.warning("lookahead: dropping output of request %s: %s", req.rid, exc)
+                live.fed = len(out)
+            elif len(out) < live.fed:  # output rewound (retraction): keep what was fed
+                live.fed = len(out)
+            ready.append(req)
+        return ready
+
+    def finish(self, rid: Hashable) -> None:
+        """The request ended: give its last tokens, then free its state."""
+        live = self._live.pop(rid, None)
+        if live is None:
+            return
+        out = live.req.output_ids
+        if len(out) > live.fed:
+            try:
+                self.cache.put_output(rid, out[live.fed:])
+            except (ValueError, TypeError):
+                pass
+        self.cache.finish(rid)
+
+    def sweep(self) -> None:
+        """Finish every tracked request that SGLang has marked finished."""
+        done = [rid for rid, live in self._live.items() if live.req.finished()]
+        for rid in done:
+            self.finish(rid)
+
+    def finish_all(self) -> None:
+        for rid in list(self._live):
+            self.finish(rid)

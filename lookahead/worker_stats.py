@@ -1,0 +1,92 @@
+"""What the worker did, step by step: for logs, ``stats()`` and metrics.
+
+Every decode step is counted once, by path (``verify`` with drafts, or plain
+``decode``) and by how it ran (a CUDA-graph replay or eagerly), with the
+reason a plain step was taken (``fallback``: the batch is larger than
+``--speculative-lookahead-max-batch-size``; ``no_draft``: nothing matched).
+Acceptance is recorded from the CPU copy the scheduler already makes, so
+keeping these figures costs no device synchronisation.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+
+logger = logging.getLogger(__name__)
+
+PATHS = ("verify-graph", "verify-eager", "decode-graph", "decode-eager")
+
+
+class StepStats:
+    def __init__(self, log_interval_s: float = 30.0):
+        self.log_interval_s = log_interval_s
+        self.paths: Counter = Counter()  # verify-graph / verify-eager / decode-graph / decode-eager
+        self.reasons: Counter = Counter()  # verify / fallback / no_draft
+        self.verify_steps = 0
+        self.accepted_tokens = 0  # committed tokens over all decode steps (drafts + bonus)
+        self.decode_steps = 0  # decode steps whose acceptance was reported
+        self.accept_hist: Counter = Counter()  # accepted drafts per request-step
+        self.draft_seconds = 0.0
+        self.drafted_tokens = 0
+        self.draft_calls = 0
+        self._last_log = time.monotonic()
+        self._window = Counter()
+        self.listeners = []  # callables(event, **fields), e.g. Prometheus metrics
+
+    def record_step(self, verify: bool, graph: bool, reason: str) -> None:
+        path = f"{'verify' if verify else 'decode'}-{'graph' if graph else 'eager'}"
+        self.paths[path] += 1
+        self.reasons[reason] += 1
+        self._window[reason] += 1
+        for listener in self.listeners:
+            listener("step", path=path, reason=reason)
+
+    def record_draft(self, seconds: float, drafted: int, requests: int) -> None:
+        self.draft_seconds += seconds
+        self.drafted_tokens += drafted
+        self.draft_calls += 1
+        for listener in self.listeners:
+            listener("draft", seconds=seconds, drafted=drafted, requests=requests)
+
+    def record_accept(self, num_correct_drafts_per_req) -> None:
+        for n in num_correct_drafts_per_req:
+            self.accept_hist[n] += 1
+            self.accepted_tokens += n + 1
+            self.decode_steps += 1
+            self._window["accepted"] += n + 1
+            self._window["req_steps"] += 1
+        for listener in self.listeners:
+            listener("accept", num_correct_drafts_per_req=list(num_correct_drafts_per_req))
+
+    @property
+    def accept_length(self) -> float:
+        """Committed tokens per request-step (1.0 means no speculation gain)."""
+        return self.accepted_tokens / self.decode_steps if self.decode_steps else 0.0
+
+    def snapshot(self) -> dict:
+        return {
+            "steps": dict(self.paths),
+            "step_reasons": dict(self.reasons),
+            "accept_length": self.accept_length,
+            "accepted_drafts_histogram": dict(sorted(self.accept_hist.items())),
+            "draft_us_per_call": 1e6 * self.draft_seconds / self.draft_calls if self.draft_calls else 0.0,
+            "drafted_tokens": self.drafted_tokens,
+        }
+
+    def maybe_log(self, cache_stats_fn) -> None:
+        now = time.monotonic()
+        if now - self._last_log < self.log_interval_s or not self._window:
+            return
+        w, self._window = self._window, Counter()
+        self._last_log = now
+        trie = cache_stats_fn()
+        window_al = w["accepted"] / w["req_steps"] if w["req_steps"] else 0.0
+        logger.info(
+            "LOOKAHEAD: steps verify=%d fallback=%d no-draft=%d, accept len %.2f (overall %.2f), "
+            "paths %s, draft %.1f us/call, trie %.1f MiB, %d shared tokens, %d live requests",
+            w["verify"], w["fallback"], w["no_draft"], window_al, self.accept_length,
+            dict(self.paths), 1e6 * self.draft_seconds / max(self.draft_calls, 1),
+            trie["total_bytes"] / 2**20, trie["shared_tokens"], trie["active_requests"],
+        )

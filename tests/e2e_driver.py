@@ -1,0 +1,109 @@
+"""Runs ``sgl.Engine`` configurations one after the other and writes their
+outputs as JSON: the driver behind the end-to-end engine tests.
+
+It must run in a process prepared for sglang's CPU engine (``cpu_env()``
+before sglang is imported), so the tests start it as a subprocess:
+``python tests/e2e_driver.py SPEC.json OUT.json``.  SPEC holds the model
+path, the prompts, and a list of runs: engine keyword arguments, the
+sampling parameters, and the prompt groups to submit as one ``generate``
+call each (a group of n prompts is decoded as a batch of n).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _prose() -> str:
+    import textwrap
+
+    return textwrap.dedent(textwrap.__doc__ or "") * 2
+
+
+def prompts() -> list[str]:
+    """Twenty-four prompts: repetitive and not, short and long, copy-heavy."""
+    import inspect
+    import json as json_mod
+    import textwrap
+
+    code = inspect.getsource(textwrap.TextWrapper._split)
+    doc = inspect.getsource(json_mod.dumps)[:1200]
+    out = [
+        "def add(a, b):\n    return",
+        "import os\nimport sys\nimport os\nimport sys\nimport os\nimport sys\n",
+        "the cat the cat the cat the cat the cat",
+        "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n",
+        "x = [1, 2, 3]\ny = [1, 2, 3]\nz = [1, 2,",
+        "Hello world. Hello world. Hello",
+        "for i in range(10):\n    print(i)\nfor j in range(10):\n    print(",
+        "SELECT name FROM users WHERE id = 1;\nSELECT name FROM users WHERE id =",
+        "a",
+        "The quick brown fox jumps over the lazy dog.",
+        "Rewrite this function with type hints:\n" + code,
+        "Question about this document:\n" + doc + "\nWhat does it return?",
+        "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\ndef fib2(n):\n",
+        "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,",
+        "<html><body><div><div><div>",
+        "while True:\n    pass\nwhile True:\n",
+        "Copy the text exactly:\n" + _prose()[:800],
+        "if x:\n    y = 1\nelif z:\n    y = 2\nelse:\n",
+        "return self.value",
+        "# TODO: fix\n# TODO: fix\n# TODO:",
+        "key: value\nkey: value\nkey:",
+        "try:\n    import numpy as np\nexcept ImportError:\n    np = None\n",
+        "zzz",
+        "assert foo(1) == 2\nassert foo(2) == 3\nassert foo(3) ==",
+    ]
+    return out
+
+
+def main(spec_path: str, out_path: str) -> None:
+    sys.path.insert(0, str(REPO))
+    from lookahead.testing.cpu_env import apply_cpu_env, cpu_engine_kwargs
+
+    apply_cpu_env()
+    import psutil
+
+    import sglang as sgl
+
+    spec = json.loads(Path(spec_path).read_text())
+    texts = spec.get("prompts") or prompts()
+    result = {"prompts": texts, "runs": {}, "engine_pids": []}
+    for run in spec["runs"]:
+        kwargs = cpu_engine_kwargs(**run.get("engine", {}))
+        started = time.time()
+        engine = sgl.Engine(model_path=spec["model"], log_level=spec.get("log_level", "error"), **kwargs)
+        try:
+            result["engine_pids"] += [p.pid for p in psutil.Process().children(recursive=True)]
+            groups = run.get("groups") or [list(range(len(texts)))]
+            outputs = {}
+            t0 = time.time()
+            for group in groups:
+                outs = engine.generate([texts[i] for i in group], run["sampling"])
+                for i, o in zip(group, outs):
+                    meta = o["meta_info"]
+                    outputs[i] = {
+                        "output_ids": o["output_ids"],
+                        "spec_verify_ct": meta.get("spec_verify_ct"),
+                        "spec_accept_length": meta.get("spec_accept_length"),
+                        "completion_tokens": meta.get("completion_tokens"),
+                    }
+            gen_s = time.time() - t0
+        finally:
+            engine.shutdown()
+        result["runs"][run["name"]] = {
+            "outputs": {str(k): v for k, v in outputs.items()},
+            "start_s": round(t0 - started, 1),
+            "generate_s": round(gen_s, 2),
+        }
+        print(run["name"], "start", round(t0 - started, 1), "s, generate", round(gen_s, 2), "s", flush=True)
+    Path(out_path).write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -10,11 +10,13 @@ lives in its own module:
 * drafting: ``lookahead.cache.LookaheadCache`` (the Cython trie), fed by
   ``lookahead.request_feed.RequestFeed``;
 * tree layout: ``lookahead.verify_tree`` (variable width, cheap padding);
+* the CUDA-graph runner's knowledge of LOOKAHEAD: ``lookahead.sglang_hooks``;
 * a plain one-token DECODE step, with no drafting cost, when the batch is
   larger than ``--speculative-lookahead-max-batch-size`` or nothing matched;
 * sampling verification on CPU, where SGLang only verifies greedily:
   ``lookahead.cpu_sampling``;
-* counters and logs: ``lookahead.worker_stats``.
+* counters and logs: ``lookahead.worker_stats``, Prometheus metrics:
+  ``lookahead.metrics``.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from sglang.srt.speculative.spec_utils import (
 )
 from sglang.srt.utils import is_cpu
 
-from lookahead.cache import LookaheadCache
+from lookahead.cache import Draft, LookaheadCache
 from lookahead.request_feed import RequestFeed
 from lookahead.server_args import get_lookahead_args
 from lookahead.verify_tree import pack_drafts, verify_width
@@ -89,9 +91,21 @@ class LookaheadWorker(BaseSpecWorker):
         self.num_draft_tokens = self.args.num_draft_tokens  # verify width, root included
         self.page_size = get_schedule().page_size
         self.tp_size = get_parallel().tp_size
+        # With CUDA graphs, SGLang captures verify graphs at the full width:
+        # every verify step then uses that width so that it replays one.
+        self.use_graphs = not _is_cpu and not getattr(server_args, "disable_cuda_graph", False)
+        from lookahead import sglang_hooks
+
+        sglang_hooks.install()  # before the scheduler captures any graph
         self.cache = self._load_cache()
         self.feed = RequestFeed(self.cache)
         self.stats = StepStats()
+        if getattr(server_args, "enable_metrics", False):
+            from lookahead.metrics import LookaheadMetrics
+
+            labels = {"model_name": server_args.served_model_name or server_args.model_path,
+                      "tp_rank": str(get_parallel().tp_rank)}
+            self.stats.listeners.append(LookaheadMetrics(labels, self.cache.stats))
         self._dirty = False
         self._last_save = time.monotonic()
         self._save_lock = threading.Lock()
@@ -134,10 +148,13 @@ class LookaheadWorker(BaseSpecWorker):
                 result = self._decode(batch, pp_proxy_tensors, "fallback")
             else:
                 drafts = self._draft(batch, reqs)
-                if drafts is None:
-                    result = self._decode(batch, pp_proxy_tensors, "no_draft")
+                if drafts is not None:
+                    result = self._verify(batch, drafts, pp_proxy_tensors, "verify")
+                elif self.use_graphs and len(reqs) == bs:
+                    # Replaying the captured verify graph beats an eager decode.
+                    result = self._verify(batch, [Draft([], [])] * bs, pp_proxy_tensors, "no_draft")
                 else:
-                    result = self._verify(batch, drafts, pp_proxy_tensors)
+                    result = self._decode(batch, pp_proxy_tensors, "no_draft")
             self.stats.maybe_log(self.cache.stats)
         else:
             if batch.forward_mode.is_extend():
@@ -174,9 +191,9 @@ class LookaheadWorker(BaseSpecWorker):
 
     # -- the three kinds of step -------------------------------------------------------
 
-    def _verify(self, batch: ScheduleBatch, drafts: list, pp_proxy_tensors) -> GenerationBatchResult:
+    def _verify(self, batch: ScheduleBatch, drafts: list, pp_proxy_tensors, reason: str) -> GenerationBatchResult:
         bs = len(batch.reqs)
-        width = verify_width(drafts, self.num_draft_tokens)
+        width = self.num_draft_tokens if self.use_graphs else verify_width(drafts, self.num_draft_tokens)
         roots = [req.output_ids[-1] if req.output_ids else RequestFeed.prompt_of(req)[-1] for req in batch.reqs]
         trees = pack_drafts(drafts, roots, width)
 
@@ -243,7 +260,7 @@ class LookaheadWorker(BaseSpecWorker):
         if batch.return_logprob:
             compute_spec_logprobs(batch, logits_output, predict, accept_index=accept_index)
         batch.forward_mode = ForwardMode.DECODE
-        self.stats.record_step(True, bool(batch_result.can_run_cuda_graph), "verify")
+        self.stats.record_step(True, bool(batch_result.can_run_cuda_graph), reason)
         return GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=accept_tokens,

@@ -1,0 +1,87 @@
+"""Prometheus metrics for LOOKAHEAD, exported next to SGLang's own.
+
+With ``--enable-metrics`` SGLang's scheduler processes write their metrics
+into ``PROMETHEUS_MULTIPROC_DIR`` and the HTTP server's ``/metrics`` merges
+them; the metrics created here, in the scheduler that runs the worker, are
+served the same way.  Names follow SGLang's ``sglang:`` prefix.
+
+They are fed from ``worker_stats.StepStats`` events, so the worker's hot
+path does not change when metrics are on, and from a trie snapshot taken at
+most once a second.
+"""
+
+from __future__ import annotations
+
+import time
+
+ACCEPT_LENGTH_BUCKETS = (1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0, 24.0, 32.0)
+DRAFT_SECONDS_BUCKETS = (5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2)
+
+
+class LookaheadMetrics:
+    def __init__(self, labels: dict, cache_stats_fn):
+        # Imported here: prometheus_client must be imported after SGLang has set
+        # PROMETHEUS_MULTIPROC_DIR in this process.
+        from prometheus_client import Counter, Gauge, Histogram
+
+        names = list(labels)
+        self._labels = labels
+        self._cache_stats_fn = cache_stats_fn
+        self._last_trie = 0.0
+        self.accept_length = Histogram(
+            "sglang:lookahead_accept_length",
+            "Tokens committed per request per decode step (1 = no draft accepted).",
+            names, buckets=ACCEPT_LENGTH_BUCKETS,
+        )
+        self.draft_seconds = Histogram(
+            "sglang:lookahead_draft_seconds",
+            "Host time spent drafting from the trie, per decode step (whole batch).",
+            names, buckets=DRAFT_SECONDS_BUCKETS,
+        )
+        self.steps = Counter(
+            "sglang:lookahead_steps",
+            "Decode steps by path (verify-graph, verify-eager, decode-graph, decode-eager) "
+            "and reason (verify, fallback: batch above the max batch size, no_draft).",
+            names + ["path", "reason"],
+        )
+        self.prompt_tokens = Counter(
+            "sglang:lookahead_prompt_tokens_indexed",
+            "Prompt tokens indexed into the trie.",
+            names,
+        )
+        self.trie_bytes = Gauge(
+            "sglang:lookahead_trie_bytes",
+            "Memory held by the trie (shared history, its index and live requests' stores).",
+            names, multiprocess_mode="mostrecent",
+        )
+        self.trie_nodes = Gauge(
+            "sglang:lookahead_trie_nodes",
+            "Indexed positions in the trie (its implicit nodes): shared history plus live requests.",
+            names, multiprocess_mode="mostrecent",
+        )
+        self._prompt_tokens_seen = 0
+
+    def __call__(self, event: str, **fields) -> None:
+        labels = self._labels
+        if event == "step":
+            self.steps.labels(**labels, path=fields["path"], reason=fields["reason"]).inc()
+            self._maybe_refresh_trie()
+        elif event == "draft":
+            self.draft_seconds.labels(**labels).observe(fields["seconds"])
+        elif event == "accept":
+            hist = self.accept_length.labels(**labels)
+            for n in fields["num_correct_drafts_per_req"]:
+                hist.observe(n + 1)
+
+    def _maybe_refresh_trie(self) -> None:
+        now = time.monotonic()
+        if now - self._last_trie < 1.0:
+            return
+        self._last_trie = now
+        stats = self._cache_stats_fn()
+        self.trie_bytes.labels(**self._labels).set(stats["total_bytes"])
+        self.trie_nodes.labels(**self._labels).set(stats["shared_tokens"] + stats["local_tokens"])
+        new = stats["prompt_tokens"] - self._prompt_tokens_seen
+        if new > 0:
+            self.prompt_tokens.labels(**self._labels).inc(new)
+            self._prompt_tokens_seen = stats["prompt_tokens"]

@@ -25,6 +25,10 @@ logger = logging.getLogger(__name__)
 
 ALGORITHM_NAME = _args.ALGORITHM_NAME
 
+# The worker and the option hooks follow this release's internals (worker
+# interface, ServerArgs assembly, CUDA-graph runner); another release may differ.
+SUPPORTED_SGLANG_VERSION = "0.5.23"
+
 # The worker drafts on the host between forward passes and returns
 # NGRAM-style results, which the overlap scheduler's relay does not carry.
 SUPPORTS_OVERLAP = False
@@ -158,6 +162,23 @@ def _is_registered() -> bool:
     return True
 
 
+def check_sglang_version(installed: Optional[str] = None) -> None:
+    """Raise a clear error unless the installed sglang is the supported release."""
+    if installed is None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            installed = version("sglang")
+        except PackageNotFoundError:
+            installed = getattr(__import__("sglang"), "__version__", "unknown")
+    if installed != SUPPORTED_SGLANG_VERSION:
+        raise RuntimeError(
+            f"sglang-lookahead supports sglang=={SUPPORTED_SGLANG_VERSION} only, but sglang "
+            f"{installed} is installed; LOOKAHEAD is not registered. Install "
+            f"sglang=={SUPPORTED_SGLANG_VERSION} (pip install 'sglang=={SUPPORTED_SGLANG_VERSION}')."
+        )
+
+
 def register() -> None:
     """Entry point of the ``sglang.srt.plugins`` group.
 
@@ -167,6 +188,7 @@ def register() -> None:
     works: ``load_plugins()`` applies the option hooks later, or at once here if
     it has already run in this process.
     """
+    check_sglang_version()
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     if not _is_registered():

@@ -586,3 +586,12 @@ def test_spawned_child_and_engine_keywords(fresh_processes):
     assert "PLUGIN_LOADED True HEAVY []" in out, out[-3000:]
     assert "ENGINE_ERROR --speculative-lookahead-path: directory" in out, out[-3000:]
     assert "ENGINE_CLASS lookahead.server_args LookaheadServerArgs" in out
+
+
+def test_other_sglang_versions_are_refused():
+    from lookahead.plugin import SUPPORTED_SGLANG_VERSION, check_sglang_version
+
+    check_sglang_version(SUPPORTED_SGLANG_VERSION)  # the pinned release passes
+    check_sglang_version()  # and it is the one installed here
+    with pytest.raises(RuntimeError, match=r"supports sglang==0\.5\.23 only, but sglang 0\.5\.24"):
+        check_sglang_version("0.5.24")

@@ -1,0 +1,42 @@
+# Set-up and entry points. Every target installs what it needs into .venv first.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.lookahead-installed
+
+.PHONY: venv build demo test replay bench clean
+
+venv: $(STAMP)
+
+# CPU install: torch from the machine's wheel store, sglang without its GPU-only
+# dependencies, then what its CPU path imports (requirements-cpu.txt).
+$(STAMP): requirements-cpu.txt setup.py pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q --no-cache-dir torch==2.14.1 torchvision==0.29.1
+	$(PIP) install -q --no-cache-dir --no-deps sglang==0.5.23
+	$(PIP) install -q --no-cache-dir -r requirements-cpu.txt
+	$(MAKE) build
+	touch $(STAMP)
+
+# The Cython trie, built in place, and the plugin's entry point registered.
+build:
+	$(PIP) install -q --no-deps --no-build-isolation -e .
+
+demo: venv build
+	$(PY) scripts/demo.py
+
+test: venv build
+	$(PY) -m pytest tests -v -rs --durations=15
+
+replay: venv build
+	$(PY) -m lookahead.replay --trace ../shared/traces/sharegpt.jsonl.gz --trace ../shared/traces/humaneval.jsonl.gz \
+		--trace ../shared/traces/synth_code_edit.jsonl.gz --trace ../shared/traces/synth_rag.jsonl.gz \
+		--budget 4 8 16 --out-dir artifacts/replay
+
+bench: venv build
+	$(PY) scripts/bench_trie.py
+
+clean:
+	rm -rf build lookahead/*.so lookahead/_trie.cpp *.egg-info

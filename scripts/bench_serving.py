@@ -1,0 +1,200 @@
+"""LOOKAHEAD against plain decoding and NGRAM, measured with ``sglang.bench_serving``.
+
+For each configuration (plain, NGRAM, LOOKAHEAD one-branch, LOOKAHEAD
+multi-branch) this starts a server, runs ``python -m sglang.bench_serving``
+at each concurrency on a local ShareGPT-format file, and stops the server.
+The file is built from text that installed PyPI packages ship (sglang's and
+numpy's sources and README), with copy-heavy requests mixed in: code edits
+and questions over pasted documents.
+
+Prints a markdown table of median TPOT, output tokens/s and accept length
+with ratios to plain decoding, and writes it with a JSON file and a PNG plot
+of TPOT against concurrency.
+
+    python scripts/bench_serving.py                      # tiny local model on CPU
+    python scripts/bench_serving.py --model-path M --device cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+CONFIGS = {
+    "plain": [],
+    "ngram": ["--speculative-algorithm", "NGRAM"],
+    "lookahead-1b": ["--speculative-algorithm", "LOOKAHEAD", "--speculative-one-branch"],
+    "lookahead": ["--speculative-algorithm", "LOOKAHEAD"],
+}
+
+
+def log(*args) -> None:
+    print(time.strftime("[%H:%M:%S]"), *args, file=sys.stderr, flush=True)
+
+
+def build_dataset(path: Path, n: int, seed: int = 0) -> None:
+    """A ShareGPT-format file: chat, code edits and questions over documents."""
+    import sglang
+    import sglang.srt.sampling.sampling_params as sp_src
+
+    rng = random.Random(seed)
+    readme = Path(sglang.__file__).with_name("README.md")
+    paragraphs = [p.strip() for p in readme.read_text().split("\n\n") if len(p.strip()) > 120] if readme.exists() else []
+    functions = [src for _, obj in inspect.getmembers(sp_src, inspect.isclass)
+                 for _, fn in inspect.getmembers(obj, inspect.isfunction)
+                 if fn.__module__ == sp_src.__name__ for src in [inspect.getsource(fn)] if 200 < len(src) < 3000]
+    try:
+        import numpy.lib._function_base_impl as fb  # numpy >= 2
+    except ImportError:
+        import numpy.lib.function_base as fb
+    functions += [src[:3000] for name in ("diff", "gradient", "interp", "select", "piecewise")
+                  if hasattr(fb, name) for src in [inspect.getsource(getattr(fb, name))]]
+    rows = []
+    for i in range(n):
+        kind = i % 3
+        if kind == 0 and functions:
+            code = rng.choice(functions)
+            rows.append(("Rename the first argument of this function to `value` and return the whole "
+                         "function:\n\n" + code, code))
+        elif kind == 1 and paragraphs:
+            doc = "\n\n".join(rng.sample(paragraphs, min(3, len(paragraphs))))
+            rows.append(("Here is a document:\n\n" + doc + "\n\nQuote the sentence about performance.",
+                         doc[:600]))
+        else:
+            topic = rng.choice(["speculative decoding", "a radix cache", "continuous batching", "tensor parallelism"])
+            rows.append((f"Explain {topic} in a few paragraphs.", f"{topic} is " * 40))
+    data = [{"id": str(i), "conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": a}]}
+            for i, (q, a) in enumerate(rows)]
+    path.write_text(json.dumps(data))
+
+
+def run_bench(url: str, model: str, dataset: Path, concurrency: int, num_prompts: int, output_len: int,
+              out_file: Path, env: dict) -> dict:
+    cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", url,
+           "--model", model, "--tokenizer", model, "--dataset-name", "sharegpt", "--dataset-path", str(dataset),
+           "--num-prompts", str(num_prompts), "--sharegpt-output-len", str(output_len),
+           "--max-concurrency", str(concurrency), "--request-rate", "inf", "--seed", "1",
+           "--output-file", str(out_file), "--disable-tqdm"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench_serving failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return json.loads(out_file.read_text().splitlines()[-1])
+
+
+def markdown(results: list[dict]) -> str:
+    plain = {r["concurrency"]: r for r in results if r["config"] == "plain"}
+    lines = ["| config | concurrency | median TPOT (ms) | TPOT vs plain | output tok/s | tok/s vs plain | accept length |",
+             "|---|---|---|---|---|---|---|"]
+    for r in results:
+        p = plain.get(r["concurrency"])
+        tpot_ratio = f"{r['median_tpot_ms'] / p['median_tpot_ms']:.2f}x" if p else ""
+        tput_ratio = f"{r['output_throughput'] / p['output_throughput']:.2f}x" if p else ""
+        al = f"{r['accept_length']:.2f}" if r.get("accept_length") else "-"
+        lines.append(f"| {r['config']} | {r['concurrency']} | {r['median_tpot_ms']:.2f} | {tpot_ratio} | "
+                     f"{r['output_throughput']:.1f} | {tput_ratio} | {al} |")
+    return "\n".join(lines)
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for config in dict.fromkeys(r["config"] for r in results):
+        rows = sorted((r for r in results if r["config"] == config), key=lambda r: r["concurrency"])
+        ax.plot([r["concurrency"] for r in rows], [r["median_tpot_ms"] for r in rows], "-o", label=config)
+    ax.set_xlabel("concurrency")
+    ax.set_ylabel("median TPOT (ms)")
+    ax.set_xscale("log", base=2)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model-path", default=None, help="default: the tiny local model (built if absent)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--configs", default=",".join(CONFIGS), help=f"subset of {','.join(CONFIGS)}")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--prompts-per-concurrency", type=int, default=3,
+                    help="requests per run = this x concurrency (at least 8)")
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--num-draft-tokens", type=int, default=8, help="verify width for NGRAM and LOOKAHEAD")
+    ap.add_argument("--extra-server-args", default="", help="appended to every server's flags")
+    ap.add_argument("--out-dir", default="artifacts/bench_serving")
+    args = ap.parse_args(argv)
+
+    from lookahead.testing.server import SGLangServer
+
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if args.device == "cpu":
+        from lookahead.testing.cpu_env import cpu_env, cpu_server_args, default_cache_dir
+
+        env = cpu_env()
+        env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(REPO)])
+        base_args = cpu_server_args(max_running_requests=max(args.concurrency), max_total_tokens=32768)
+        model = args.model_path
+        if model is None:
+            from lookahead.testing.tiny_model import build_tiny_model
+
+            model = str(build_tiny_model(default_cache_dir() / "tiny-llama-seed0", seed=0))
+    else:
+        if not args.model_path:
+            ap.error("--device cuda needs --model-path")
+        env, model = dict(os.environ), args.model_path
+        base_args = ["--max-running-requests", str(max(args.concurrency))]
+    base_args += args.extra_server_args.split()
+
+    dataset = out_dir / "local_sharegpt.json"
+    n_max = max(8, args.prompts_per_concurrency * max(args.concurrency))
+    build_dataset(dataset, n_max)
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    results = []
+    total = len(configs) * len(args.concurrency)
+    done = 0
+    for config in configs:
+        flags = list(CONFIGS[config])
+        if config != "plain":
+            flags += ["--speculative-num-draft-tokens", str(args.num_draft_tokens)]
+        log(f"starting {config} server")
+        with SGLangServer(model, base_args + flags, env, out_dir / f"server_{config}.log") as server:
+            for c in args.concurrency:
+                n = max(8, args.prompts_per_concurrency * c)
+                t0 = time.time()
+                rec = run_bench(server.url, model, dataset, c, n, args.output_len,
+                                out_dir / f"bench_{config}_c{c}.jsonl", env)
+                done += 1
+                results.append({"config": config, "concurrency": c, "median_tpot_ms": rec["median_tpot_ms"],
+                                "output_throughput": rec["output_throughput"],
+                                "accept_length": rec.get("accept_length"), "completed": rec["completed"]})
+                log(f"[{done}/{total}] {config} c={c}: TPOT {rec['median_tpot_ms']:.2f} ms, "
+                    f"{rec['output_throughput']:.1f} tok/s, accept {rec.get('accept_length')} ({time.time() - t0:.0f} s)")
+        log(f"stopped {config} server")
+
+    table = markdown(results)
+    print(table)
+    (out_dir / "bench_serving.md").write_text(table + "\n")
+    (out_dir / "bench_serving.json").write_text(json.dumps(results, indent=1))
+    plot(results, out_dir / "tpot_vs_concurrency.png")
+    print(f"\nwrote {out_dir}/bench_serving.md, bench_serving.json, tpot_vs_concurrency.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

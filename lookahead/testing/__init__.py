@@ -1,0 +1,9 @@
+"""Test and demo support: run real SGLang on a CPU-only machine.
+
+- ``cpu_env``: environment variables, flags and Engine kwargs for the CPU engine.
+- ``tiny_model``: an offline-built tiny Llama plus tokenizer.
+- ``cpu_sgl_kernel/``: a pure-torch stand-in for the ``sgl_kernel`` package,
+  put first on ``PYTHONPATH`` (never imported from here).
+
+Nothing heavy is imported at package import time.
+"""

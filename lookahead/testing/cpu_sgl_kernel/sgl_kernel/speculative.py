@@ -1,0 +1,147 @@
+"""Token-tree bookkeeping and greedy verification for speculative decoding.
+
+A verify batch holds, per request, ``n`` draft tokens laid out as a tree whose
+node 0 is the last committed token. sglang describes the tree three ways:
+
+* ``tree_mask[b, i, j]`` (flat bool): node ``j`` is ``i`` itself or an ancestor;
+* ``retrive_next_token[b, i]``: first child of ``i`` (-1 if none);
+* ``retrive_next_sibling[b, i]``: next node with the same parent (-1 if none);
+
+and ``retrive_index[b, i] = b * n + i`` flattens nodes across the batch.
+``reconstruct_indices_from_tree_mask`` derives the links (and positions) from
+the mask (contract: ``sglang/kernels/ops/speculative/reconstruct_tree.py``);
+``verify_tree_greedy_cpu`` walks them (``kernels/ops/speculative/spec_tree.py``).
+The spelling ``retrive`` follows sglang's keyword arguments.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .sampling import tree_speculative_sampling_target_only  # noqa: F401  (re-export)
+
+
+def reconstruct_indices_from_tree_mask(
+    tree_mask: torch.Tensor,
+    verified_seq_len: torch.Tensor,
+    positions: torch.Tensor,
+    retrive_index: torch.Tensor,
+    retrive_next_token: torch.Tensor,
+    retrive_next_sibling: torch.Tensor,
+    batch_size: int,
+    draft_token_num: int,
+) -> None:
+    """Fill positions and tree links in place from an ancestor mask.
+
+    Per request ``b`` and node ``t`` (``anc[i, j] = mask[i, j] and j < i``):
+    ``positions = #anc[t] + verified_seq_len[b]``; ``parent = max j in anc[t]``;
+    first child = ``min k > t with anc[k, t]``; next sibling = ``min k > t``
+    with the same parent (-1 for a node without parent).
+    """
+    bs, n = batch_size, draft_token_num
+    if bs == 0:
+        return
+    mask = tree_mask.reshape(-1)[: bs * n * n].view(bs, n, n).to(torch.bool)
+    node = torch.arange(n)
+    anc = mask & (node[None, :] < node[:, None])  # [b, i, j]: j strict ancestor of i
+
+    depth = anc.sum(-1)
+    positions.view(bs, n).copy_(depth + verified_seq_len.view(bs, 1).to(torch.int64))
+    retrive_index.copy_(torch.arange(bs * n).view(bs, n))
+
+    parent = torch.where(anc, node, -1).amax(-1)  # [b, i]
+    child_rows = torch.where(anc, node[:, None], n)  # [b, k, t]: k if anc[k, t]
+    first_child = child_rows.amin(1)
+    retrive_next_token.copy_(torch.where(first_child < n, first_child, -1))
+
+    later = node[:, None] > node[None, :]  # [k, t]: k > t
+    same_parent = (parent[:, :, None] == parent[:, None, :]) & later
+    first_sibling = torch.where(same_parent, node[:, None], n).amin(1)
+    has_sibling = (parent >= 0) & (first_sibling < n)
+    retrive_next_sibling.copy_(torch.where(has_sibling, first_sibling, -1))
+
+
+def verify_tree_greedy_cpu(
+    predicts: torch.Tensor,
+    accept_index: torch.Tensor,
+    accept_token_num: torch.Tensor,
+    candidates: torch.Tensor,
+    retrive_index: torch.Tensor,
+    retrive_next_token: torch.Tensor,
+    retrive_next_sibling: torch.Tensor,
+    target_predict: torch.Tensor,
+) -> None:
+    """Greedy tree acceptance, in place (int32 ``predicts``/``accept_*``).
+
+    From the root, repeatedly descend into the first child whose draft token
+    equals the target's argmax at the current node; stop at a mismatch or after
+    ``accept_index.shape[1] - 1`` accepted drafts. Writes the accepted node
+    indices (root first) into ``accept_index[b]``, their count (root excluded)
+    into ``accept_token_num[b]``, and the target token at every accepted node
+    (including the bonus at the last one) into ``predicts[node]``. Entries not
+    on the accepted path are left untouched.
+    """
+    bs, _ = candidates.shape
+    steps = accept_index.shape[1]
+    cand = candidates.tolist()
+    index = retrive_index.tolist()
+    next_token = retrive_next_token.tolist()
+    next_sibling = retrive_next_sibling.tolist()
+    target = target_predict.reshape(-1).tolist()
+
+    writes: dict[int, int] = {}
+    for b in range(bs):
+        last = index[b][0]
+        path = [last]
+        cur = 0
+        for _ in range(1, steps):
+            cur = next_token[b][cur]
+            while cur != -1:
+                if cand[b][cur] == target[last]:
+                    writes[last] = target[last]
+                    last = index[b][cur]
+                    path.append(last)
+                    break
+                cur = next_sibling[b][cur]
+            if cur == -1:
+                break
+        writes[last] = target[last]
+        accept_index[b, : len(path)] = torch.tensor(path, dtype=accept_index.dtype)
+        accept_token_num[b] = len(path) - 1
+    if writes:
+        keys = torch.tensor(list(writes.keys()), dtype=torch.int64)
+        predicts[keys] = torch.tensor(list(writes.values()), dtype=predicts.dtype)
+
+
+def fill_bonus_tokens_cpu(
+    accept_tokens: torch.Tensor,
+    accept_lens: torch.Tensor,
+    bonus_tokens: torch.Tensor,
+    accept_stride: int,
+) -> None:
+    """``bonus_tokens[b] = accept_tokens.flat[b * accept_stride + accept_lens[b] - 1]``
+    (``accept_lens`` counts the bonus token, so it is the last accepted slot)."""
+    bs = accept_lens.numel()
+    idx = torch.arange(bs) * accept_stride + accept_lens.long() - 1
+    bonus_tokens.copy_(accept_tokens.reshape(-1)[idx].to(bonus_tokens.dtype))
+
+
+def fill_accept_out_cache_loc_cpu(
+    accept_index: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    accept_out_cache_loc: torch.Tensor,
+    size: Optional[int] = None,
+) -> None:
+    """Pack ``out_cache_loc[i]`` for every ``i = accept_index.flat[j] > -1``, in order,
+    into the front of ``accept_out_cache_loc``.
+
+    sglang 0.5.23 omits ``size`` (older sgl_kernel took it); all of
+    ``accept_index`` is scanned then.
+    """
+    flat = accept_index.reshape(-1)
+    if size is not None:
+        flat = flat[:size]
+    src = flat[flat > -1].long()
+    accept_out_cache_loc[: src.numel()] = out_cache_loc[src].to(accept_out_cache_loc.dtype)

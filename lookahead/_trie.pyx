@@ -88,9 +88,9 @@ cdef int _read_tokens(object src, Py_ssize_t tail, int64_t max_id, vector[int32_
             if type(item) is not int:
                 if isinstance(item, bool) or not isinstance(item, (int, np.integer)):
                     raise TypeError(f"{what}: token ids must be integers, got {type(item).__name__} at index {i}")
-            v = item
-            if v < 0 or v > max_id:
+            if item < 0 or item > max_id:  # compared as Python ints: no overflow
                 _bad_token(what, item, i, max_id)
+            v = item
             out.push_back(<int32_t>v)
         return 0
     if isinstance(src, np.ndarray) and src.ndim == 1 and (src.dtype == np.int32 or src.dtype == np.int64):
@@ -117,11 +117,24 @@ cdef int _read_tokens(object src, Py_ssize_t tail, int64_t max_id, vector[int32_
             src = src[-tail:] if tail > 0 else src[:0]
         except TypeError:
             raise TypeError(f"{what}: expected a sequence of token ids, got {type(src).__name__}") from None
-    arr = _as_token_array(src, what, max_id + 1)
+    arr = _as_token_array(src, what, None if max_id >= 0x7FFFFFFF else max_id + 1)
     v32 = arr
     for i in range(v32.shape[0]):
         out.push_back(v32[i])
     return 0
+
+
+def read_tokens(object src, int64_t max_id, str what="tokens"):
+    """``src`` as a new int32 array after the same per-item checks as every
+    other input (lists are checked item by item: ``True`` is not a token)."""
+    cdef vector[int32_t] buf
+    _read_tokens(src, -1, max_id, buf, what)
+    out = np.empty(buf.size(), dtype=np.int32)
+    cdef int32_t[::1] view = out
+    cdef size_t i
+    for i in range(buf.size()):
+        view[i] = buf[i]
+    return out
 
 
 cdef class TokenStore:
@@ -227,7 +240,8 @@ cdef class TokenStore:
         self.n += count
 
     cdef int64_t _index_locked(self, int64_t limit) noexcept nogil:
-        """Link up to ``limit`` appended positions into the chains."""
+        """Link up to ``limit`` appended positions into the chains; returns
+        how many positions (separators included) it advanced."""
         cdef int64_t p, stop = self.n
         cdef int o, k, j, prev_k, shift = 64 - self.hbits
         cdef int32_t t
@@ -242,6 +256,7 @@ cdef class TokenStore:
             if t < 0:
                 self.run = 0
                 p += 1
+                done += 1
                 continue
             self.run += 1
             h = 0

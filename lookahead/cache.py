@@ -17,9 +17,9 @@ from typing import Any, Hashable, NamedTuple, Sequence
 
 import numpy as np
 
-from lookahead._trie import DraftConfig, Drafter, TokenStore
+from lookahead._trie import DraftConfig, Drafter, TokenStore, read_tokens
 from lookahead.inserter import BackgroundInserter
-from lookahead.tokens import MAX_TOKEN_ID, as_token_array, check_budget
+from lookahead.tokens import MAX_BUDGET, MAX_TOKEN_ID, check_budget
 
 _SEPARATOR = np.array([-1], dtype=np.int32)
 _FORMAT_VERSION = 1
@@ -145,7 +145,7 @@ class LookaheadCache:
 
     def put_prompt(self, rid: Hashable, tokens: Any) -> None:
         """Index a new request's whole prompt (in the background)."""
-        arr = as_token_array(tokens, "prompt", self.config.vocab_size)
+        arr = read_tokens(tokens, self._max_id, "prompt")
         store = TokenStore(max(1024, 2 * len(arr) + 256), False, self.config.orders)
         # The raw copy is a memcpy; the indexing is the expensive part.
         store.append_tokens(arr, False)
@@ -162,7 +162,9 @@ class LookaheadCache:
         req = self._requests.get(rid)
         if req is None:
             raise ValueError(f"unknown request {rid!r}: call put_prompt() first")
-        self._output_tokens += req.store.append_checked(tokens, self._max_id, "output")
+        n = req.store.append_checked(tokens, self._max_id, "output")
+        with self._lock:
+            self._output_tokens += n
         if self.config.share_outputs and req.store.appended - req.shared_upto >= self.config.flush_tokens:
             self._share(req)
 
@@ -216,7 +218,7 @@ class LookaheadCache:
         Only the context's last ``max_match_len`` ids are read.  An empty draft
         means nothing matched.
         """
-        if type(budget) is not int or budget < 0:
+        if type(budget) is not int or budget < 0 or budget > MAX_BUDGET:
             budget = check_budget(budget)
         req = self._requests.get(rid)
         if req is None:
@@ -286,12 +288,17 @@ class LookaheadCache:
     @classmethod
     def load(cls, path: str | os.PathLike, **overrides: Any) -> "LookaheadCache":
         """A cache whose shared history is the one saved at ``path``."""
-        with np.load(path) as data:
-            meta = json.loads(bytes(data["meta"]).decode())
-            shared = np.ascontiguousarray(data["shared"], dtype=np.int32)
-        if meta.get("format") != _FORMAT_VERSION:
-            raise ValueError(f"{path}: unsupported lookahead cache format {meta.get('format')!r}")
-        config = dict(meta["config"], orders=tuple(meta["config"]["orders"]))
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                meta = json.loads(bytes(data["meta"]).decode())
+                shared = np.ascontiguousarray(data["shared"], dtype=np.int32)
+            if meta.get("format") != _FORMAT_VERSION:
+                raise ValueError(f"unsupported lookahead cache format {meta.get('format')!r}")
+            config = dict(meta["config"], orders=tuple(meta["config"]["orders"]))
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            raise ValueError(f"{path}: not a saved LookaheadCache ({type(exc).__name__}: {exc})") from None
         config.update(overrides)
         cache = cls(LookaheadConfig(**config))
         if shared.size and (shared.min() < -1 or (cache.config.vocab_size and shared.max() >= cache.config.vocab_size)):

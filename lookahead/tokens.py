@@ -16,6 +16,8 @@ import numpy as np
 
 # Token ids are stored as int32; ids above this cannot be represented.
 MAX_TOKEN_ID = np.iinfo(np.int32).max
+# A draft never exceeds this many tokens; larger budgets mean "no limit" and are clamped.
+MAX_BUDGET = 512
 
 
 def as_token_array(tokens: Any, what: str = "tokens", vocab_size: int | None = None) -> np.ndarray:
@@ -66,4 +68,4 @@ def check_budget(budget: Any) -> int:
         raise TypeError(f"budget must be an integer, got {type(budget).__name__}")
     if budget < 0:
         raise ValueError(f"budget must be >= 0, got {budget}")
-    return int(budget)
+    return min(int(budget), MAX_BUDGET)

@@ -1,0 +1,355 @@
+"""A pure-Python reference model of the drafting core (the executable spec).
+
+It reproduces, call for call, the drafts that ``lookahead._trie`` and
+``lookahead.cache.LookaheadCache`` return once every insert has been applied
+(that is, after ``synchronize()``): same tokens, same parents, same order.
+Speed is no concern here; readability is.
+
+The model
+---------
+A *store* is a token stream (``-1`` separates requests in the shared history).
+For every n-gram order ``k`` it indexes each position ``p`` whose last ``k``
+tokens contain no separator.  The native code keeps, per order, a hash table
+of chains (most recent first); the model keeps the same thing as a list of
+positions per hash slot.  The hash and the slot count are modelled exactly,
+so hash collisions (different n-grams sharing a chain, and using up
+``max_walk`` steps) behave as in the native code.  The shared history is a
+ring of ``cap`` tokens: positions below ``n - cap`` are evicted.
+
+Drafting one request after ``context`` (only its last ``max_match_len`` ids):
+
+1. *Gather*, per store (the request's own store first, weighted
+   ``local_weight``, then the shared history, weighted 1.0): for each order
+   ``k`` from the highest down (skipping ``k > len(ctx)`` and
+   ``k < min_match_len``), walk the chain of the slot of the context's last
+   ``k`` ids, most recent first, at most ``max_walk`` steps (every chain
+   entry is a step, even a collision or a partly evicted n-gram).  An entry
+   ``q`` is an occurrence when it matches ``m >= k`` context ids going back
+   (``m`` capped at ``max_match_len`` and at the oldest live token), has a
+   continuation (``q + 1 < n`` and ``tok[q + 1]`` is no separator) and was not
+   found before in this store.  Its weight is
+   ``store_weight * m ** match_exponent``.  Stop the walk once
+   ``max_candidates`` occurrences are held (both stores together), and stop
+   descending orders once this store found ``enough_candidates`` or
+   ``max_candidates`` are held.  With ``order_norm > 0`` every occurrence of
+   an order is divided by (its order's occurrence count) ** order_norm.
+   The shared history is only searched if fewer than ``max_candidates``
+   occurrences were found in the request's own store.
+2. *Merge* the continuation of each occurrence, in the order found, into a
+   draft trie (up to ``budget`` tokens, stopping at a separator or at the end
+   of the stream): every node on the path gains the occurrence's weight, and
+   so does the root when the continuation is non-empty.  A new node is
+   numbered after all existing ones and becomes its parent's *first* child.
+3. *Select*:
+   * one branch: from the root, repeatedly step to the heaviest child (ties:
+     the lower node number) until ``budget`` tokens or a leaf;
+   * multi-branch: score(root) = 1; score(child) = weight(child) *
+     score(parent) / (weight(parent) + confidence); take the frontier node
+     with the best score (ties: the lower node number), ``budget`` times,
+     adding its children to the frontier.  ``parents[i]`` is the output index
+     of node ``i``'s parent, ``-1`` for children of the root.
+
+The cache (``LookaheadCache``) around it: a request's store holds its prompt
+and then its outputs.  Outputs are *shared* (appended to the shared ring as
+``[-1] + context + new output``) every ``flush_tokens`` tokens and at
+``finish``; the context is the last ``share_prompt_tail`` prompt tokens the
+first time and the last ``max(orders)`` tokens afterwards.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+GOLDEN = 0x9E3779B97F4A7C15
+MASK64 = (1 << 64) - 1
+SEPARATOR = -1
+MAX_CANDIDATES_LIMIT = 256  # the native scratch size caps max_candidates
+
+
+def log2_ceil(x: int) -> int:
+    b = 0
+    while (1 << b) < x:
+        b += 1
+    return b
+
+
+def ngram_hash(backwards) -> int:
+    """The native n-gram hash; ``backwards`` lists the n-gram's ids from the
+    last one to the first."""
+    h = 0
+    for t in backwards:
+        h = ((h ^ t) * GOLDEN) & MASK64
+    return h
+
+
+class RefStore:
+    """A token stream and its per-order occurrence index (chains by hash slot)."""
+
+    def __init__(self, capacity: int, ring: bool, orders):
+        self.orders = tuple(orders)
+        self.ring = ring
+        self.cap = 1 << log2_ceil(max(capacity, 16))
+        # The shared ring has half as many hash slots as tokens; a request's
+        # store one per token (re-hashed as it grows, see append).
+        self.hbits = log2_ceil(self.cap // 2 if ring else self.cap)
+        self.toks: list[int] = []  # every token ever appended (the ring hides the old ones)
+        self._slots: dict = {}  # (order, hbits) -> {slot: [positions, ascending]}
+        self._indexed: dict = {}  # (order, hbits) -> positions indexed so far
+
+    @property
+    def n(self) -> int:
+        return len(self.toks)
+
+    @property
+    def base(self) -> int:
+        """The oldest live position."""
+        return self.n - self.cap if self.ring and self.n > self.cap else 0
+
+    def append(self, tokens) -> None:
+        tokens = [int(t) for t in tokens]
+        if not tokens:
+            return
+        if not self.ring:
+            new_cap = self.cap
+            while new_cap < self.n + len(tokens):
+                new_cap *= 2
+            if new_cap != self.cap:
+                self.cap = new_cap
+                if self.cap > (2 << self.hbits):
+                    self.hbits = log2_ceil(self.cap)
+        self.toks.extend(tokens)
+
+    def slot_of(self, backwards) -> int:
+        return ngram_hash(backwards) >> (64 - self.hbits)
+
+    def chain(self, k: int, slot: int) -> list[int]:
+        """The positions on the order-``k`` chain of ``slot``, most recent first:
+        every position whose last ``k`` tokens (no separator among them) hash
+        to ``slot``, including evicted ones (the walk stops at those)."""
+        key = (k, self.hbits)
+        table = self._slots.setdefault(key, {})
+        start = self._indexed.get(key, 0)
+        for p in range(start, self.n):
+            gram = self.toks[p - k + 1: p + 1] if p >= k - 1 else []
+            if len(gram) == k and min(gram) >= 0:
+                table.setdefault(self.slot_of(reversed(gram)), []).append(p)
+        self._indexed[key] = self.n
+        return table.get(slot, [])[::-1]
+
+    def slice(self, start: int, end: int) -> list[int]:
+        start = max(start, self.base, 0)
+        return self.toks[start:end]
+
+
+@dataclass
+class Candidate:
+    pos: int
+    match: int
+    weight: float
+
+
+@dataclass
+class Node:
+    token: int
+    parent: int
+    weight: float = 0.0
+    count: int = 0
+    score: float = 0.0
+    children: list = field(default_factory=list)  # newest first, like the native sibling list
+
+
+def _pow(base: float, e: float) -> float:
+    if e == 2.0:
+        return base * base
+    if e == 1.0:
+        return base
+    return math.pow(base, e)
+
+
+@dataclass
+class Params:
+    max_match: int = 32
+    max_walk: int = 24
+    max_candidates: int = 48
+    enough_candidates: int = 16
+    match_exponent: float = 2.0
+    local_weight: float = 4.0
+    min_match: int = 1
+    confidence: float = 0.0
+    order_norm: float = 0.0
+
+    def __post_init__(self):
+        self.max_candidates = min(self.max_candidates, MAX_CANDIDATES_LIMIT)
+
+    @classmethod
+    def from_config(cls, cfg) -> "Params":
+        return cls(max_match=cfg.max_match_len, max_walk=cfg.max_walk, max_candidates=cfg.max_candidates,
+                   enough_candidates=cfg.enough_candidates, match_exponent=cfg.match_exponent,
+                   local_weight=cfg.local_weight, min_match=cfg.min_match_len,
+                   confidence=cfg.confidence, order_norm=cfg.order_norm)
+
+
+def gather(store: RefStore, ctx: list, prm: Params, store_weight: float, cands: list) -> int:
+    """Append ``store``'s occurrences of the context's suffixes to ``cands``."""
+    if store.n == 0 or not ctx:
+        return 0
+    start_count = len(cands)
+    max_match = min(prm.max_match, len(ctx))
+    base, n, toks = store.base, store.n, store.toks
+    found = 0
+    for k in reversed(store.orders):
+        if k > len(ctx) or k < prm.min_match:
+            continue
+        order_start = len(cands)
+        slot = store.slot_of(reversed(ctx[-k:]))
+        steps = 0
+        for q in store.chain(k, slot):
+            if q < base or steps >= prm.max_walk:
+                break
+            steps += 1
+            m = 0
+            while m < max_match and q - m >= base and toks[q - m] == ctx[-1 - m]:
+                m += 1
+            if m < k or q + 1 >= n or toks[q + 1] < 0:
+                continue
+            if any(c.pos == q for c in cands[start_count:]):
+                continue
+            cands.append(Candidate(q, m, store_weight * _pow(float(m), prm.match_exponent)))
+            found += 1
+            if len(cands) >= prm.max_candidates:
+                break
+        if prm.order_norm > 0 and len(cands) > order_start:
+            scale = math.pow(float(len(cands) - order_start), -prm.order_norm)
+            for c in cands[order_start:]:
+                c.weight *= scale
+        if found >= prm.enough_candidates or len(cands) >= prm.max_candidates:
+            break
+    return found
+
+
+def child(nodes: list, parent: int, token: int) -> int:
+    for c in nodes[parent].children:
+        if nodes[c].token == token:
+            return c
+    nodes.append(Node(token, parent))
+    nodes[parent].children.insert(0, len(nodes) - 1)
+    return len(nodes) - 1
+
+
+def merge(store: RefStore, cand: Candidate, depth: int, nodes: list) -> None:
+    q, cur = cand.pos + 1, 0
+    for i in range(depth):
+        if q >= store.n or store.toks[q] < 0:
+            break
+        if i == 0:
+            nodes[0].weight += cand.weight
+            nodes[0].count += 1
+        cur = child(nodes, cur, store.toks[q])
+        nodes[cur].weight += cand.weight
+        nodes[cur].count += 1
+        q += 1
+
+
+def select(nodes: list, budget: int, one_branch: bool, confidence: float) -> tuple[list, list]:
+    tokens, parents = [], []
+    if budget <= 0 or len(nodes) <= 1:
+        return tokens, parents
+    if one_branch:
+        cur = 0
+        while len(tokens) < budget and nodes[cur].children:
+            best = max(nodes[cur].children, key=lambda j: (nodes[j].weight, -j))
+            parents.append(len(tokens) - 1)
+            tokens.append(nodes[best].token)
+            cur = best
+        return tokens, parents
+
+    def score_children(p: int) -> None:
+        scale = nodes[p].score / (nodes[p].weight + confidence)
+        for j in nodes[p].children:
+            nodes[j].score = nodes[j].weight * scale
+            frontier.append(j)
+
+    out_index = {}
+    frontier: list[int] = []
+    nodes[0].score = 1.0
+    score_children(0)
+    while len(tokens) < budget and frontier:
+        best = max(frontier, key=lambda j: (nodes[j].score, -j))
+        frontier.remove(best)
+        out_index[best] = len(tokens)
+        tokens.append(nodes[best].token)
+        parent = nodes[best].parent
+        parents.append(out_index[parent] if parent > 0 else -1)
+        score_children(best)
+    return tokens, parents
+
+
+def draft(local: RefStore | None, shared: RefStore | None, context, budget: int, one_branch: bool,
+          prm: Params) -> tuple[list, list]:
+    ctx = [int(t) for t in list(context)[-prm.max_match:]] if prm.max_match > 0 else []
+    if not ctx or budget <= 0:
+        return [], []
+    nodes = [Node(-1, -1, score=1.0)]
+    cands: list[Candidate] = []
+    if local is not None:
+        gather(local, ctx, prm, prm.local_weight, cands)
+        for c in cands:
+            merge(local, c, budget, nodes)
+    first_shared = len(cands)
+    if shared is not None and len(cands) < prm.max_candidates:
+        gather(shared, ctx, prm, 1.0, cands)
+        for c in cands[first_shared:]:
+            merge(shared, c, budget, nodes)
+    return select(nodes, budget, one_branch, prm.confidence)
+
+
+# ---------------------------------------------------------------------------
+# The cache around the stores
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class RefRequest:
+    store: RefStore
+    prompt_len: int
+    shared_upto: int
+
+
+class RefCache:
+    """``LookaheadCache`` as seen after ``synchronize()``."""
+
+    def __init__(self, config):
+        self.config = config
+        self.params = Params.from_config(config)
+        self.shared = RefStore(config.shared_capacity, True, config.orders)
+        self.requests: dict = {}
+
+    def put_prompt(self, rid, tokens) -> None:
+        tokens = [int(t) for t in tokens]
+        assert rid not in self.requests
+        store = RefStore(max(1024, 2 * len(tokens) + 256), False, self.config.orders)
+        store.append(tokens)
+        self.requests[rid] = RefRequest(store, len(tokens), len(tokens))
+
+    def put_output(self, rid, tokens) -> None:
+        req = self.requests[rid]
+        req.store.append(tokens)
+        if self.config.share_outputs and req.store.n - req.shared_upto >= self.config.flush_tokens:
+            self._share(req)
+
+    def finish(self, rid) -> None:
+        req = self.requests.pop(rid)
+        if self.config.share_outputs:
+            self._share(req)
+
+    def _share(self, req: RefRequest) -> None:
+        start, end = req.shared_upto, req.store.n
+        if end <= start:
+            return
+        context = self.config.share_prompt_tail if start == req.prompt_len else max(self.config.orders)
+        req.shared_upto = end
+        self.shared.append([SEPARATOR] + req.store.slice(start - context, end))
+
+    def draft(self, rid, context, budget: int, one_branch: bool = False) -> tuple[list, list]:
+        return draft(self.requests[rid].store, self.shared, context, budget, one_branch, self.params)

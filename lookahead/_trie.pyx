@@ -435,8 +435,8 @@ cdef class DraftConfig:
     """Tunable knobs of :func:`draft_one` (validated in lookahead.cache)."""
     cdef DraftParams p
 
-    def __cinit__(self, int max_match=32, int max_walk=24, int max_candidates=48,
-                  int enough_candidates=16, double match_exponent=2.0,
+    def __cinit__(self, int max_match=32, int max_walk=16, int max_candidates=32,
+                  int enough_candidates=12, double match_exponent=2.0,
                   double local_weight=4.0, int min_match=1, double confidence=0.0,
                   double order_norm=0.0):
         self.p.max_match = max_match

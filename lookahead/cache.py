@@ -45,11 +45,11 @@ class LookaheadConfig:
     """Every knob of the cache; the defaults are the tuned ones (see README)."""
 
     max_memory_bytes: int = 256 << 20  # shared history budget, index included
-    orders: tuple = (1, 2, 3, 4, 6, 8)  # n-gram orders indexed for matching
+    orders: tuple = (1, 2, 4, 8)  # n-gram orders indexed for matching
     max_match_len: int = 32  # longest context suffix compared to an occurrence
-    max_walk: int = 24  # occurrences visited per order and store
-    max_candidates: int = 48  # occurrences merged into one draft
-    enough_candidates: int = 16  # stop trying shorter suffixes after this many
+    max_walk: int = 16  # occurrences visited per order and store
+    max_candidates: int = 32  # occurrences merged into one draft
+    enough_candidates: int = 12  # stop trying shorter suffixes after this many
     match_exponent: float = 2.0  # occurrence weight = match_len ** exponent
     local_weight: float = 4.0  # the request's own stream weighs this much more
     min_match_len: int = 1  # ignore occurrences matching fewer tokens
@@ -162,9 +162,7 @@ class LookaheadCache:
         req = self._requests.get(rid)
         if req is None:
             raise ValueError(f"unknown request {rid!r}: call put_prompt() first")
-        n = req.store.append_checked(tokens, self._max_id, "output")
-        with self._lock:
-            self._output_tokens += n
+        req.store.append_checked(tokens, self._max_id, "output")
         if self.config.share_outputs and req.store.appended - req.shared_upto >= self.config.flush_tokens:
             self._share(req)
 
@@ -175,6 +173,8 @@ class LookaheadCache:
             if req is None:
                 raise ValueError(f"unknown request {rid!r}: finish() needs a put_prompt() first")
             self._finished += 1
+            # Output tokens are counted from the store itself (no per-step bookkeeping).
+            self._output_tokens += req.store.appended - req.prompt_len
         if self.config.share_outputs:
             self._share(req)
 
@@ -254,13 +254,14 @@ class LookaheadCache:
     def stats(self) -> dict:
         """Sizes and counters, for logs, metrics and benchmarks."""
         with self._lock:
-            stores = [r.store for r in self._requests.values()]
+            live = list(self._requests.values())
+            stores = [r.store for r in live]
             drafters = list(self._drafters)
         local_bytes = sum(s.nbytes for s in stores)
         return {
             "prompts": self._prompts,
             "prompt_tokens": self._prompt_tokens,
-            "output_tokens": self._output_tokens,
+            "output_tokens": self._output_tokens + sum(r.store.appended - r.prompt_len for r in live),
             "finished": self._finished,
             "drafts": sum(d.drafts for d in drafters),
             "draft_tokens": sum(d.drafted for d in drafters),

@@ -5,6 +5,13 @@ microseconds to spare.  Inserts are therefore queued here and applied by one
 daemon thread, in submission order, so the shared history evolves the same way
 on every run (and every tensor-parallel rank) given the same calls.  The jobs
 themselves release the GIL, so the caller's thread keeps running Python.
+
+The queue is bounded: a caller that runs Python flat out never hands the GIL
+over except at the interpreter's switch interval, so the thread can fall
+behind by thousands of jobs, each holding a prompt or a request's store.
+Past ``max_pending`` jobs a submitter waits (GIL released) until the backlog
+is half gone.  In a server the scheduler spends its time in forward passes,
+which release the GIL, and never gets there.
 """
 
 from __future__ import annotations
@@ -18,8 +25,9 @@ logger = logging.getLogger(__name__)
 
 
 class BackgroundInserter:
-    def __init__(self, name: str = "lookahead-inserter"):
+    def __init__(self, name: str = "lookahead-inserter", max_pending: int = 256):
         self._name = name
+        self.max_pending = max_pending
         self._queue: "queue.Queue[Callable[[], None] | None]" = queue.Queue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -32,6 +40,10 @@ class BackgroundInserter:
                 if self._thread is None:
                     self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                     self._thread.start()
+        if self._queue.unfinished_tasks >= self.max_pending:
+            with self._queue.all_tasks_done:
+                while self._queue.unfinished_tasks > self.max_pending // 2:
+                    self._queue.all_tasks_done.wait(0.01)
         self._queue.put(job)
 
     def pending(self) -> int:

@@ -249,16 +249,16 @@ def _replay_against_reference(cfg: LookaheadConfig, requests, seed: int, draft_e
 
 
 def test_reference_with_eviction_and_collisions():
-    """A 1024-token shared ring (512 hash slots) fed ~10x its capacity from a
+    """A small shared ring (half as many hash slots) fed ~10x its capacity from a
     tiny vocabulary: eviction, partly evicted n-grams and hash collisions all
     occur, and the drafts still equal the reference's."""
     rng = random.Random(7)
     requests = []
-    for _ in range(40):
+    cfg = LookaheadConfig(max_memory_bytes=SMALL_MEMORY, flush_tokens=16)
+    for _ in range(40 * cfg.shared_capacity // 1024):
         prompt = [rng.randrange(6) for _ in range(rng.randint(0, 40))]
         response = [rng.randrange(6) for _ in range(rng.randint(20, 300))]
         requests.append((prompt, response))
-    cfg = LookaheadConfig(max_memory_bytes=SMALL_MEMORY, flush_tokens=16)
     nonempty, seen = _replay_against_reference(cfg, requests, seed=1, draft_every=3)
     assert seen > 8 * cfg.shared_capacity
     assert nonempty > 100
@@ -563,7 +563,8 @@ def test_eviction_keeps_memory_bounded_and_drafts_recent_history():
     with open_cache(max_memory_bytes=SMALL_MEMORY) as cache:
         capacity = cache.config.shared_capacity
         # Request i outputs 64 tokens nobody else uses: 100*i ... 100*i + 63.
-        for i in range(1, 201):
+        last = 12 * capacity // 64
+        for i in range(1, last + 1):
             cache.put_prompt(i, [1, 2, 3, 4])
             cache.put_output(i, list(range(100 * i, 100 * i + 64)))
             cache.finish(i)
@@ -582,8 +583,9 @@ def test_eviction_keeps_memory_bounded_and_drafts_recent_history():
             return d.tokens
 
         # The most recent request's output is still there, verbatim...
-        assert continuation_after(list(range(20000, 20010))) == list(range(20010, 20018))
-        assert continuation_after(list(range(19900, 19905))) == list(range(19905, 19913))
+        top = 100 * last
+        assert continuation_after(list(range(top, top + 10))) == list(range(top + 10, top + 18))
+        assert continuation_after(list(range(top - 100, top - 95))) == list(range(top - 95, top - 87))
         # ... the oldest ones are gone.
         for old in (1, 2, 50):
             assert continuation_after(list(range(100 * old, 100 * old + 10))) == []

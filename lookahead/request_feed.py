@@ -31,8 +31,9 @@ class _Live:
 
 
 class RequestFeed:
-    def __init__(self, cache):
+    def __init__(self, cache, on_finish=None):
         self.cache = cache
+        self.on_finish = on_finish  # called after each request is finished
         self._live: dict[Hashable, _Live] = {}
 
     def __len__(self) -> int:
@@ -95,6 +96,8 @@ class RequestFeed:
             except (ValueError, TypeError):
                 pass
         self.cache.finish(rid)
+        if self.on_finish is not None:
+            self.on_finish(rid)
 
     def sweep(self) -> None:
         """Finish every tracked request that SGLang has marked finished."""

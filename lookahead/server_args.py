@@ -177,8 +177,8 @@ class LookaheadServerArgs(_original_server_args_class()):
         Arg(
             help="LOOKAHEAD only. File (.npz) holding the trie's shared "
             "history: loaded at start-up if it exists (so a restarted server "
-            "keeps its drafts), written at shutdown. Its directory must exist "
-            "and be writable.",
+            "keeps its drafts), written whenever the server drains (rate-"
+            "limited) and at exit. Its directory must exist and be writable.",
             type_parser=_non_empty_path,
         ),
     ] = None
@@ -347,7 +347,7 @@ def validate_lookahead_server_args(server_args: Any) -> None:
 
 def _check_path(path: str) -> str:
     """Absolute form of ``--speculative-lookahead-path``, checked so that the
-    load at start-up and the save at shutdown cannot fail on the path itself."""
+    load at start-up and the saves cannot fail on the path itself."""
     flag = "--speculative-lookahead-path"
     path = os.path.abspath(os.path.expanduser(os.fspath(path)))
     if os.path.exists(path):
@@ -359,12 +359,12 @@ def _check_path(path: str) -> str:
     if not os.path.isdir(parent):
         raise ValueError(
             f"{flag}: directory {parent!r} does not exist (the trie is saved "
-            "there at shutdown)"
+            "there)"
         )
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ValueError(
             f"{flag}: directory {parent!r} is not writable (the trie is saved "
-            "there at shutdown)"
+            "there)"
         )
     return path
 

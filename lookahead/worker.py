@@ -60,6 +60,12 @@ logger = logging.getLogger(__name__)
 
 _is_cpu = is_cpu()
 
+# With --speculative-lookahead-path, the trie is saved whenever the server
+# drains, unless the last save was less than this many of its own durations
+# ago (so saving takes at most ~1/SAVE_DUTY of the time), and at exit when the
+# process exits normally.
+SAVE_DUTY = 10.0
+
 
 class LookaheadVerifyInput(NgramVerifyInput):
     """An NGRAM verify tree that says when it is a plain chain, so attention
@@ -98,7 +104,7 @@ class LookaheadWorker(BaseSpecWorker):
 
         sglang_hooks.install()  # before the scheduler captures any graph
         self.cache = self._load_cache()
-        self.feed = RequestFeed(self.cache)
+        self.feed = RequestFeed(self.cache, on_finish=self._finished)
         self.stats = StepStats()
         if getattr(server_args, "enable_metrics", False):
             from lookahead.metrics import LookaheadMetrics
@@ -107,7 +113,8 @@ class LookaheadWorker(BaseSpecWorker):
                       "tp_rank": str(get_parallel().tp_rank)}
             self.stats.listeners.append(LookaheadMetrics(labels, self.cache.stats))
         self._dirty = False
-        self._last_save = time.monotonic()
+        self._last_save = float("-inf")
+        self._save_seconds = 0.0
         self._save_lock = threading.Lock()
         if self.args.path:
             atexit.register(self.save_trie)
@@ -137,7 +144,7 @@ class LookaheadWorker(BaseSpecWorker):
         self.stats.record_accept(num_correct_drafts_per_req)
 
     def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
-        self._finish(rid)
+        self.feed.finish(rid)
 
     def forward_batch_generation(self, batch: ScheduleBatch, on_publish=None, pp_proxy_tensors=None):
         self.feed.sweep()
@@ -194,8 +201,7 @@ class LookaheadWorker(BaseSpecWorker):
     def _verify(self, batch: ScheduleBatch, drafts: list, pp_proxy_tensors, reason: str) -> GenerationBatchResult:
         bs = len(batch.reqs)
         width = self.num_draft_tokens if self.use_graphs else verify_width(drafts, self.num_draft_tokens)
-        roots = [req.output_ids[-1] if req.output_ids else RequestFeed.prompt_of(req)[-1] for req in batch.reqs]
-        trees = pack_drafts(drafts, roots, width)
+        trees = pack_drafts(drafts, _last_tokens(batch), width)
 
         draft_tokens = torch.from_numpy(trees.tokens).to(self.device, non_blocking=True)
         tree_mask = torch.from_numpy(trees.mask).to(self.device, non_blocking=True)
@@ -282,8 +288,7 @@ class LookaheadWorker(BaseSpecWorker):
         """
         bs = len(batch.reqs)
         seq_lens = batch.seq_lens
-        last = [req.output_ids[-1] if req.output_ids else RequestFeed.prompt_of(req)[-1] for req in batch.reqs]
-        batch.input_ids = torch.tensor(last, dtype=torch.int64).to(self.device, non_blocking=True)
+        batch.input_ids = torch.tensor(_last_tokens(batch), dtype=torch.int64).to(self.device, non_blocking=True)
         batch.out_cache_loc = assign_extend_cache_locs_func(
             req_pool_indices=batch.req_pool_indices,
             req_to_token=batch.req_to_token_pool.req_to_token,
@@ -302,10 +307,18 @@ class LookaheadWorker(BaseSpecWorker):
         batch.spec_info = None
         batch.forward_mode = ForwardMode.DECODE
         batch_result = self._target_worker.forward_batch_generation(batch, pp_proxy_tensors=pp_proxy_tensors)
+        self.stats.record_step(False, bool(batch_result.can_run_cuda_graph), reason)
+        return self._one_token_result(batch_result, bs, seq_lens + 1)
+
+    def _extend(self, batch: ScheduleBatch, pp_proxy_tensors) -> GenerationBatchResult:
+        """Prefill: the target's own forward; drafting starts at the first decode."""
+        batch_result = self._target_worker.forward_batch_generation(batch, pp_proxy_tensors=pp_proxy_tensors)
+        return self._one_token_result(batch_result, len(batch.reqs), batch.seq_lens.clone())
+
+    def _one_token_result(self, batch_result, bs: int, new_seq_lens) -> GenerationBatchResult:
+        """A step that committed exactly one sampled token per request."""
         predict = batch_result.next_token_ids
         accept_lens = torch.ones(bs, dtype=torch.int32, device=self.device)
-        new_seq_lens = seq_lens + 1
-        self.stats.record_step(False, bool(batch_result.can_run_cuda_graph), reason)
         return GenerationBatchResult(
             logits_output=batch_result.logits_output,
             next_token_ids=predict,
@@ -315,23 +328,6 @@ class LookaheadWorker(BaseSpecWorker):
             next_draft_input=self._next_draft_input(predict, accept_lens, new_seq_lens, 1),
             speculative_num_draft_tokens=self.num_draft_tokens,
             speculative_output_stride=1,
-        )
-
-    def _extend(self, batch: ScheduleBatch, pp_proxy_tensors) -> GenerationBatchResult:
-        """Prefill: the target's own forward; drafting starts at the first decode."""
-        bs = len(batch.reqs)
-        batch_result = self._target_worker.forward_batch_generation(batch, pp_proxy_tensors=pp_proxy_tensors)
-        predict = batch_result.next_token_ids
-        accept_lens = torch.ones(bs, dtype=torch.int32, device=self.device)
-        new_seq_lens = batch.seq_lens.clone()
-        return GenerationBatchResult(
-            logits_output=batch_result.logits_output,
-            next_token_ids=predict,
-            can_run_cuda_graph=batch_result.can_run_cuda_graph,
-            accept_lens=accept_lens,
-            new_seq_lens=new_seq_lens,
-            next_draft_input=self._next_draft_input(predict, accept_lens, new_seq_lens, 1),
-            speculative_num_draft_tokens=self.num_draft_tokens,
         )
 
     def _next_draft_input(self, tokens, accept_lens, new_seq_lens, stride: int) -> NgramVerifyInput:
@@ -349,14 +345,13 @@ class LookaheadWorker(BaseSpecWorker):
 
     # -- request lifecycle and persistence ---------------------------------------------
 
-    def _finish(self, rid) -> None:
-        if rid in self.feed:
-            self.feed.finish(rid)
-            self._dirty = True
-            if not len(self.feed) and self.args.path and time.monotonic() - self._last_save > 10:
-                # The server drained: persist in the background (inserts first).
-                self._last_save = time.monotonic()
-                self.cache._run(self.save_trie)
+    def _finished(self, rid) -> None:
+        self._dirty = True
+        if (not len(self.feed) and self.args.path
+                and time.monotonic() - self._last_save >= SAVE_DUTY * self._save_seconds):
+            # The server drained: persist now. SGLang ends its schedulers with
+            # SIGKILL, so the exit hook cannot be relied on.
+            self.save_trie()
 
     def _load_cache(self) -> LookaheadCache:
         overrides = self.args.cache_overrides()
@@ -376,7 +371,9 @@ class LookaheadWorker(BaseSpecWorker):
             return
         with self._save_lock:
             try:
+                self._last_save = time.monotonic()
                 self.cache.save(self.args.path)
+                self._save_seconds = time.monotonic() - self._last_save
                 self._dirty = False
                 logger.info("LOOKAHEAD: saved the trie to %s", self.args.path)
             except Exception:
@@ -385,6 +382,11 @@ class LookaheadWorker(BaseSpecWorker):
     def lookahead_stats(self) -> dict:
         """Steps by path, acceptance and trie size (for benchmarks and metrics)."""
         return {**self.stats.snapshot(), "trie": self.cache.stats()}
+
+
+def _last_tokens(batch: ScheduleBatch) -> list:
+    """Each request's last committed token: the root of its verify tree."""
+    return [req.output_ids[-1] if req.output_ids else RequestFeed.prompt_of(req)[-1] for req in batch.reqs]
 
 
 def full_verify_mask(tree_mask: np.ndarray, seq_lens_cpu, width: int, device) -> torch.Tensor:

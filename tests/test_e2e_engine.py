@@ -61,6 +61,11 @@ def runs(tiny_model, cpu_subprocess_env, tmp_path_factory):
     spec["runs"].append({"name": "sampled", "engine": _lookahead(4, False), "sampling": SAMPLED,
                          "groups": [[0, 1, 2, 3], [4]]})
     tmp = tmp_path_factory.mktemp("e2e")
+    # --speculative-lookahead-path: the first engine saves its trie, the second loads it.
+    trie = str(tmp / "trie.npz")
+    for name in ("saved", "loaded"):
+        spec["runs"].append({"name": name, "engine": {**_lookahead(4, False), "speculative_lookahead_path": trie},
+                             "sampling": GREEDY, "groups": [[0, 1], [2]]})
     (tmp / "spec.json").write_text(json.dumps(spec))
     proc = subprocess.run(
         [sys.executable, str(REPO / "tests" / "e2e_driver.py"), str(tmp / "spec.json"), str(tmp / "out.json")],
@@ -69,6 +74,7 @@ def runs(tiny_model, cpu_subprocess_env, tmp_path_factory):
     assert proc.returncode == 0, f"driver failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     result = json.loads((tmp / "out.json").read_text())
     result["groups"] = groups
+    result["trie_path"] = trie
     return result
 
 
@@ -131,3 +137,19 @@ def test_no_engine_process_left(runs):
     alive = [p for p in runs["engine_pids"] if psutil.pid_exists(p)]
     alive = [p for p in alive if psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"engine processes still running: {alive}"
+
+
+def test_trie_is_saved_and_loaded_across_restarts(runs):
+    from lookahead import LookaheadCache
+
+    cache = LookaheadCache.load(runs["trie_path"])
+    stats = cache.stats()
+    cache.close()
+    # The first engine's outputs (3 prompts x 40 tokens) are in the saved history...
+    assert stats["shared_tokens"] >= 3 * GREEDY["max_new_tokens"]
+    # ... and an engine started from it stays lossless.
+    plain = runs["runs"]["plain"]["outputs"]
+    for name in ("saved", "loaded"):
+        for i, out in runs["runs"][name]["outputs"].items():
+            assert out["output_ids"] == plain[i]["output_ids"], (name, i)
+            assert out["spec_verify_ct"] > 0

@@ -150,10 +150,12 @@ class LookaheadWorker(BaseSpecWorker):
         self.feed.sweep()
         if batch.forward_mode.is_decode():
             bs = len(batch.reqs)
-            reqs = self.feed.sync(batch.reqs)
             if not self.args.speculates(bs):
+                # No drafting cost at all: outputs reach the trie when
+                # speculation resumes, or when the request ends.
                 result = self._decode(batch, pp_proxy_tensors, "fallback")
             else:
+                reqs = self.feed.sync(batch.reqs)
                 drafts = self._draft(batch, reqs)
                 if drafts is not None:
                     result = self._verify(batch, drafts, pp_proxy_tensors, "verify")
@@ -289,15 +291,9 @@ class LookaheadWorker(BaseSpecWorker):
         bs = len(batch.reqs)
         seq_lens = batch.seq_lens
         batch.input_ids = torch.tensor(_last_tokens(batch), dtype=torch.int64).to(self.device, non_blocking=True)
-        batch.out_cache_loc = assign_extend_cache_locs_func(
-            req_pool_indices=batch.req_pool_indices,
-            req_to_token=batch.req_to_token_pool.req_to_token,
-            start_offset=seq_lens,
-            end_offset=seq_lens + 1,
-            batch_size=bs,
-            draft_token_num=1,
-            device=self.device,
-        )
+        # The KV slot reserved for the token at position seq_len.
+        batch.out_cache_loc = batch.req_to_token_pool.req_to_token[
+            batch.req_pool_indices, seq_lens].to(torch.int64)
         batch.seq_lens = seq_lens + 1
         if batch.seq_lens_cpu is not None:
             batch.seq_lens_cpu = batch.seq_lens_cpu + 1

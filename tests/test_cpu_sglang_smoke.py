@@ -45,6 +45,19 @@ def test_cpu_server_args_overrides():
     assert kwargs["attention_backend"] == "intel_amx" and kwargs["speculative_algorithm"] == "NGRAM"
 
 
+def test_cpu_env_requires_the_pinned_sglang(monkeypatch):
+    import importlib.metadata
+
+    import pytest
+
+    from lookahead.testing import cpu_env as mod
+
+    mod.check_sglang_version()  # the installed release passes
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.5.24")
+    with pytest.raises(RuntimeError, match=r"sglang 0\.5\.24 is installed; install sglang==0\.5\.23"):
+        mod.cpu_env()
+
+
 def test_cpu_env_selects_the_amx_path():
     """A process started with ``cpu_env()`` imports the shim and, thanks to the
     shim's sitecustomize hook, sees AMX support (so ``intel_amx`` is kept)."""

@@ -38,7 +38,7 @@ from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.scheduler import GenerationBatchResult
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
-from sglang.srt.runtime_context import get_device, get_parallel, get_schedule
+from sglang.srt.runtime_context import get_device, get_parallel
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang.srt.speculative.eagle_utils import eagle_sample
@@ -95,7 +95,6 @@ class LookaheadWorker(BaseSpecWorker):
         self.device = get_device().device
         self.args = get_lookahead_args(server_args)
         self.num_draft_tokens = self.args.num_draft_tokens  # verify width, root included
-        self.page_size = get_schedule().page_size
         self.tp_size = get_parallel().tp_size
         # With CUDA graphs, SGLang captures verify graphs at the full width:
         # every verify step then uses that width so that it replays one.

@@ -141,7 +141,7 @@ class PromptLookupDrafter:
 
 def suffix_available() -> bool:
     try:
-        import arctic_inference.suffix_decoding  # noqa: F401
+        import arctic_inference.suffix_decoding  # noqa: F401  (availability probe)
     except Exception:
         return False
     return True

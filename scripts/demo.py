@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import os
 import sys
 import textwrap
 import time
@@ -87,8 +86,8 @@ def main(argv=None) -> int:
     al = lookahead["tokens"] / lookahead["steps"]
     mode = "one branch" if args.one_branch else "tree"
     print()
-    print(f"| decoding | tokens | model steps | tokens/step | tokens/s |")
-    print(f"|---|---|---|---|---|")
+    print("| decoding | tokens | model steps | tokens/step | tokens/s |")
+    print("|---|---|---|---|---|")
     for name, r in (("plain", plain), (f"LOOKAHEAD ({mode}, width {args.num_draft_tokens})", lookahead)):
         print(f"| {name} | {r['tokens']} | {r['steps']} | {r['tokens'] / r['steps']:.2f} | "
               f"{r['tokens'] / r['seconds']:.1f} |")

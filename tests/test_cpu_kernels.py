@@ -524,7 +524,7 @@ def test_tree_speculative_sampling_preserves_distribution(shim):
 
 def test_tree_speculative_sampling_edge_cases(shim):
     """Zero-probability drafts are never accepted; a one-hot target is followed."""
-    n, vocab = 3, 4
+    n = 3
     target = torch.tensor([[[0.0, 0.0, 1.0, 0.0], [0.25] * 4, [0.0, 1.0, 0.0, 0.0]]])
     cand = torch.tensor([[0, 3, 2]])  # node 1 has token 3 (p=0), node 2 token 2 (p=1)
     predicts = torch.full((n,), -1, dtype=torch.int32)

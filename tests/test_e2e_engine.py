@@ -14,7 +14,6 @@ tests below read its results.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path

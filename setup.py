@@ -8,9 +8,11 @@ extensions = [
     Extension(
         "lookahead._trie",
         ["lookahead/_trie.pyx"],
-        include_dirs=[np.get_include()],
+        include_dirs=[np.get_include(), "lookahead"],
+        depends=["lookahead/_native.hpp"],
         language="c++",
-        extra_compile_args=["-O3", "-std=c++17"],
+        extra_compile_args=["-O3", "-std=c++17", "-pthread"],
+        extra_link_args=["-pthread"],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     )
 ]
@@ -23,7 +25,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["lookahead", "lookahead.*"]),
-    package_data={"lookahead": ["*.pyx"], "lookahead.testing": ["cpu_sgl_kernel/**/*.py"]},
+    package_data={"lookahead": ["*.pyx", "*.hpp"], "lookahead.testing": ["cpu_sgl_kernel/**/*.py"]},
     ext_modules=cythonize(extensions, compiler_directives={"language_level": "3"}),
     install_requires=["sglang==0.5.23", "numpy", "torch"],
     extras_require={

@@ -27,6 +27,7 @@ a draft never waits for more than one chunk of a long insert.
 
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.math cimport pow
+from libcpp.memory cimport make_shared, shared_ptr
 from libcpp.vector cimport vector
 
 import numpy as np
@@ -42,11 +43,37 @@ cdef extern from "<mutex>" namespace "std" nogil:
         void unlock()
 
 
+cdef extern from "_native.hpp" namespace "lookahead" nogil:
+    cppclass NativeStore:
+        vector[int32_t] tok
+        vector[vector[uint32_t]] prev
+        vector[vector[uint32_t]] head
+        int64_t n
+        int64_t n_indexed
+        int64_t run
+        int64_t cap
+        uint64_t mask
+        int hbits
+        bint ring
+        int norders
+        int orders[8]
+        mutex mtx
+    ctypedef shared_ptr[NativeStore] StorePtr
+    ctypedef void (*ApplyFn)(NativeStore*, const int32_t*, int64_t, bint) noexcept nogil
+    cppclass InsertThread:
+        InsertThread(ApplyFn apply, size_t max_pending)
+        void submit(const StorePtr& store, const int32_t* tokens, int64_t count, bint index_pending) except +
+        void synchronize()
+        size_t pending()
+        uint64_t failures()
+        void close()
+
+
 cdef enum:
     MAX_ORDERS = 8
     SEPARATOR = -1
     # Positions indexed per lock hold: bounds how long a draft can wait.
-    INDEX_CHUNK = 512
+    INDEX_CHUNK = 32
     # Most candidate occurrences gathered for one draft (scratch sizing).
     MAX_CANDIDATES_LIMIT = 256
 
@@ -137,194 +164,207 @@ def read_tokens(object src, int64_t max_id, str what="tokens"):
     return out
 
 
+# ---------------------------------------------------------------------------
+# Token stores: the stream, its index, and their writers
+# ---------------------------------------------------------------------------
+
+cdef void _store_init(NativeStore* s, int64_t capacity, bint ring, int norders, const int* orders) noexcept nogil:
+    cdef int o
+    s.norders = norders
+    for o in range(norders):
+        s.orders[o] = orders[o]
+    s.ring = ring
+    s.cap = <int64_t>1 << _log2_ceil(capacity)
+    s.mask = <uint64_t>(s.cap - 1)
+    # The shared ring uses half as many hash slots as tokens (merged chains are
+    # verified token by token anyway); a request's store one slot per token.
+    s.hbits = _log2_ceil(s.cap // 2 if ring else s.cap)
+    s.n = 0
+    s.n_indexed = 0
+    s.run = 0
+    s.tok.assign(s.cap, SEPARATOR)
+    s.prev.resize(norders)
+    s.head.resize(norders)
+    for o in range(norders):
+        s.prev[o].assign(s.cap, 0)
+        s.head[o].assign(<size_t>1 << s.hbits, 0)
+
+
+cdef void _store_grow(NativeStore* s, int64_t need) noexcept nogil:
+    """Grow a request store so that ``need`` tokens fit; rehash when the
+    index would get crowded.  Positions never wrap in a growing store, so
+    slots keep their meaning across a resize."""
+    cdef int64_t new_cap = s.cap
+    cdef int o
+    while new_cap < need:
+        new_cap *= 2
+    if new_cap == s.cap:
+        return
+    s.tok.resize(new_cap, SEPARATOR)
+    for o in range(s.norders):
+        s.prev[o].resize(new_cap, 0)
+    s.cap = new_cap
+    s.mask = <uint64_t>(new_cap - 1)
+    if s.cap > (<int64_t>2 << s.hbits):
+        s.hbits = _log2_ceil(s.cap)
+        for o in range(s.norders):
+            s.head[o].assign(<size_t>1 << s.hbits, 0)
+            s.prev[o].assign(s.cap, 0)
+        s.n_indexed = 0
+        s.run = 0
+
+
+cdef void _append_locked(NativeStore* s, const int32_t* src, int64_t count) noexcept nogil:
+    cdef int64_t i, start
+    if not s.ring:
+        _store_grow(s, s.n + count)
+    elif count > s.cap:
+        # Only the newest ``cap`` tokens can survive.
+        src += count - s.cap
+        s.n += count - s.cap
+        if s.n_indexed < s.n:
+            s.n_indexed = s.n
+            s.run = 0
+        count = s.cap
+    if s.ring and s.n + count - s.cap > s.n_indexed:
+        # Tokens about to be overwritten were never indexed: skip them.
+        s.n_indexed = s.n + count - s.cap
+        s.run = 0
+    start = s.n
+    for i in range(count):
+        s.tok[(start + i) & s.mask] = src[i]
+    s.n += count
+
+
+cdef int64_t _index_locked(NativeStore* s, int64_t limit) noexcept nogil:
+    """Link up to ``limit`` appended positions into the chains; returns
+    how many positions (separators included) it advanced."""
+    cdef int64_t p, stop = s.n
+    cdef int o, k, j, prev_k, shift = 64 - s.hbits
+    cdef int32_t t
+    cdef uint64_t h, slot
+    cdef uint32_t e, d
+    cdef int64_t done = 0
+    if stop - s.n_indexed > limit:
+        stop = s.n_indexed + limit
+    p = s.n_indexed
+    while p < stop:
+        t = s.tok[p & s.mask]
+        if t < 0:
+            s.run = 0
+            p += 1
+            done += 1
+            continue
+        s.run += 1
+        h = 0
+        prev_k = 0
+        for o in range(s.norders):
+            k = s.orders[o]
+            if s.run < k:
+                break
+            for j in range(prev_k, k):
+                h = (h ^ <uint32_t>s.tok[(p - j) & s.mask]) * GOLDEN
+            prev_k = k
+            slot = h >> shift
+            e = s.head[o][slot]
+            d = 0
+            if e != 0:
+                d = <uint32_t>(<uint32_t>(p + 1) - e)
+                if d >= <uint64_t>s.cap:
+                    d = 0
+            s.prev[o][p & s.mask] = d
+            s.head[o][slot] = <uint32_t>(p + 1)
+        p += 1
+        done += 1
+    s.n_indexed = p
+    return done
+
+
+cdef void _store_append(NativeStore* s, const int32_t* src, int64_t count, bint index_now) noexcept nogil:
+    """Append tokens; index them too if ``index_now`` and nothing is pending."""
+    cdef bint caught_up
+    s.mtx.lock()
+    caught_up = s.n_indexed == s.n
+    _append_locked(s, src, count)
+    if index_now and caught_up:
+        # Usually just the new tokens; everything after a rehash.
+        _index_locked(s, s.n - s.n_indexed)
+    s.mtx.unlock()
+
+
+cdef void _store_append_chunked(NativeStore* s, const int32_t* src, int64_t count) noexcept nogil:
+    """Append and index a long run, releasing the lock between chunks."""
+    cdef int64_t off = 0, step
+    while off < count:
+        step = count - off
+        if step > INDEX_CHUNK:
+            step = INDEX_CHUNK
+        s.mtx.lock()
+        _append_locked(s, src + off, step)
+        _index_locked(s, s.n - s.n_indexed)
+        s.mtx.unlock()
+        off += step
+
+
+cdef void _store_catch_up(NativeStore* s) noexcept nogil:
+    """Index everything appended so far, one chunk per lock hold."""
+    cdef int64_t done = 1
+    while done > 0:
+        s.mtx.lock()
+        done = _index_locked(s, INDEX_CHUNK)
+        s.mtx.unlock()
+
+
+cdef void _apply_insert(NativeStore* s, const int32_t* tokens, int64_t count, bint index_pending) noexcept nogil:
+    # The inserter thread's job body (see InsertThread in _native.hpp).
+    if index_pending:
+        _store_catch_up(s)
+    elif count > 0:
+        _store_append_chunked(s, tokens, count)
+
+
 cdef class TokenStore:
     """One token stream with its n-gram occurrence index.
 
     ``ring=True``: a fixed-capacity ring that evicts its oldest tokens (the
     shared history).  ``ring=False``: grows with the stream and is freed as a
     whole (one request's prompt and output).  Tokens are appended raw and
-    indexed afterwards, possibly by another thread, so ``n`` (tokens stored,
-    readable as continuations) can run ahead of ``n_indexed`` (positions that
-    can be found by a match).
+    indexed afterwards, possibly by the inserter thread, so ``appended``
+    (tokens stored, readable as continuations) can run ahead of ``indexed``
+    (positions that can be found by a match).  The data lives in a native
+    ``NativeStore`` that queued inserts co-own, so dropping the Python object
+    never frees memory an insert is writing.
     """
 
-    cdef vector[int32_t] tok
-    cdef vector[vector[uint32_t]] prev   # per order: distance to previous occurrence (0: none)
-    cdef vector[vector[uint32_t]] head   # per order: hash slot -> (position + 1) mod 2**32
-    cdef int64_t n
-    cdef int64_t n_indexed
-    cdef int64_t run                     # consecutive non-separator tokens ending at n_indexed - 1
-    cdef int64_t cap
-    cdef uint64_t mask
-    cdef int hbits
-    cdef bint ring
-    cdef int norders
-    cdef int orders[MAX_ORDERS]
-    cdef mutex mtx
+    cdef StorePtr ptr
+    cdef NativeStore* s
 
     def __cinit__(self, int64_t capacity, bint ring, orders):
         cdef int i
+        cdef int c_orders[MAX_ORDERS]
         if capacity < 16:
             capacity = 16
         if len(orders) < 1 or len(orders) > MAX_ORDERS:
             raise ValueError(f"between 1 and {MAX_ORDERS} n-gram orders are supported, got {len(orders)}")
-        self.norders = len(orders)
-        for i in range(self.norders):
-            self.orders[i] = int(orders[i])
-            if self.orders[i] < 1 or (i > 0 and self.orders[i] <= self.orders[i - 1]):
+        for i in range(len(orders)):
+            c_orders[i] = int(orders[i])
+            if c_orders[i] < 1 or (i > 0 and c_orders[i] <= c_orders[i - 1]):
                 raise ValueError(f"n-gram orders must be positive and increasing, got {list(orders)}")
-        self.ring = ring
-        self.cap = <int64_t>1 << _log2_ceil(capacity)
-        self.mask = <uint64_t>(self.cap - 1)
-        # The shared ring uses half as many hash slots as tokens (merged chains are
-        # verified token by token anyway); a request's store one slot per token.
-        self.hbits = _log2_ceil(self.cap // 2 if ring else self.cap)
-        self.n = 0
-        self.n_indexed = 0
-        self.run = 0
-        self._allocate()
-
-    cdef void _allocate(self) noexcept nogil:
-        cdef int o
-        self.tok.assign(self.cap, SEPARATOR)
-        self.prev.resize(self.norders)
-        self.head.resize(self.norders)
-        for o in range(self.norders):
-            self.prev[o].assign(self.cap, 0)
-            self.head[o].assign(<size_t>1 << self.hbits, 0)
-
-    # -- writing -------------------------------------------------------------
-
-    cdef void _grow(self, int64_t need) noexcept nogil:
-        """Grow a request store so that ``need`` tokens fit; rehash when the
-        index would get crowded.  Positions never wrap in a growing store, so
-        slots keep their meaning across a resize."""
-        cdef int64_t new_cap = self.cap
-        cdef int o
-        while new_cap < need:
-            new_cap *= 2
-        if new_cap == self.cap:
-            return
-        self.tok.resize(new_cap, SEPARATOR)
-        for o in range(self.norders):
-            self.prev[o].resize(new_cap, 0)
-        self.cap = new_cap
-        self.mask = <uint64_t>(new_cap - 1)
-        if self.cap > (<int64_t>2 << self.hbits):
-            self.hbits = _log2_ceil(self.cap)
-            for o in range(self.norders):
-                self.head[o].assign(<size_t>1 << self.hbits, 0)
-                self.prev[o].assign(self.cap, 0)
-            self.n_indexed = 0
-            self.run = 0
-
-    cdef void _append_locked(self, const int32_t* src, int64_t count) noexcept nogil:
-        cdef int64_t i, start
-        if not self.ring:
-            self._grow(self.n + count)
-        elif count > self.cap:
-            # Only the newest ``cap`` tokens can survive.
-            src += count - self.cap
-            self.n += count - self.cap
-            if self.n_indexed < self.n:
-                self.n_indexed = self.n
-                self.run = 0
-            count = self.cap
-        if self.ring and self.n + count - self.cap > self.n_indexed:
-            # Tokens about to be overwritten were never indexed: skip them.
-            self.n_indexed = self.n + count - self.cap
-            self.run = 0
-        start = self.n
-        for i in range(count):
-            self.tok[(start + i) & self.mask] = src[i]
-        self.n += count
-
-    cdef int64_t _index_locked(self, int64_t limit) noexcept nogil:
-        """Link up to ``limit`` appended positions into the chains; returns
-        how many positions (separators included) it advanced."""
-        cdef int64_t p, stop = self.n
-        cdef int o, k, j, prev_k, shift = 64 - self.hbits
-        cdef int32_t t
-        cdef uint64_t h, slot
-        cdef uint32_t e, d
-        cdef int64_t done = 0
-        if stop - self.n_indexed > limit:
-            stop = self.n_indexed + limit
-        p = self.n_indexed
-        while p < stop:
-            t = self.tok[p & self.mask]
-            if t < 0:
-                self.run = 0
-                p += 1
-                done += 1
-                continue
-            self.run += 1
-            h = 0
-            prev_k = 0
-            for o in range(self.norders):
-                k = self.orders[o]
-                if self.run < k:
-                    break
-                for j in range(prev_k, k):
-                    h = (h ^ <uint32_t>self.tok[(p - j) & self.mask]) * GOLDEN
-                prev_k = k
-                slot = h >> shift
-                e = self.head[o][slot]
-                d = 0
-                if e != 0:
-                    d = <uint32_t>(<uint32_t>(p + 1) - e)
-                    if d >= <uint64_t>self.cap:
-                        d = 0
-                self.prev[o][p & self.mask] = d
-                self.head[o][slot] = <uint32_t>(p + 1)
-            p += 1
-            done += 1
-        self.n_indexed = p
-        return done
-
-    cdef void append(self, const int32_t* src, int64_t count, bint index_now) noexcept nogil:
-        """Append tokens; index them too if ``index_now`` and nothing is pending."""
-        cdef bint caught_up
-        self.mtx.lock()
-        caught_up = self.n_indexed == self.n
-        self._append_locked(src, count)
-        if index_now and caught_up:
-            # Usually just the new tokens; everything after a rehash.
-            self._index_locked(self.n - self.n_indexed)
-        self.mtx.unlock()
-
-    cdef void append_chunked(self, const int32_t* src, int64_t count) noexcept nogil:
-        """Append and index a long run, releasing the lock between chunks."""
-        cdef int64_t off = 0, step
-        while off < count:
-            step = count - off
-            if step > INDEX_CHUNK:
-                step = INDEX_CHUNK
-            self.mtx.lock()
-            self._append_locked(src + off, step)
-            self._index_locked(self.n - self.n_indexed)
-            self.mtx.unlock()
-            off += step
-
-    cdef void catch_up(self) noexcept nogil:
-        """Index everything appended so far, one chunk per lock hold."""
-        cdef int64_t done = 1
-        while done > 0:
-            self.mtx.lock()
-            done = self._index_locked(INDEX_CHUNK)
-            self.mtx.unlock()
+        self.ptr = make_shared[NativeStore]()
+        self.s = self.ptr.get()
+        _store_init(self.s, capacity, ring, len(orders), c_orders)
 
     # -- Python-facing helpers (validation happens in lookahead.cache) -------
 
     def append_tokens(self, const int32_t[::1] tokens, bint index_now=True):
         """Append ``tokens`` (int32, already validated).  With ``index_now``
         they are indexed at once, which is cheap for a few tokens; otherwise
-        call :meth:`index_pending` (usually from the inserter thread)."""
+        call :meth:`index_pending` (or queue it on an :class:`Inserter`)."""
         cdef int64_t count = tokens.shape[0]
         if count == 0:
             return
         with nogil:
-            self.append(&tokens[0], count, index_now)
+            _store_append(self.s, &tokens[0], count, index_now)
 
     def append_checked(self, object tokens, int64_t max_id, str what="tokens"):
         """Validate ``tokens`` and append them, indexed at once.  Returns how
@@ -333,7 +373,7 @@ cdef class TokenStore:
         _read_tokens(tokens, -1, max_id, buf, what)
         if buf.size():
             with nogil:
-                self.append(buf.data(), buf.size(), True)
+                _store_append(self.s, buf.data(), buf.size(), True)
         return buf.size()
 
     def append_indexed(self, const int32_t[::1] tokens):
@@ -342,62 +382,137 @@ cdef class TokenStore:
         if count == 0:
             return
         with nogil:
-            self.append_chunked(&tokens[0], count)
+            _store_append_chunked(self.s, &tokens[0], count)
 
     def index_pending(self):
         """Index all appended tokens (no GIL, one chunk per lock hold)."""
         with nogil:
-            self.catch_up()
+            _store_catch_up(self.s)
+
+    cdef void _copy(self, int64_t start, int64_t end, vector[int32_t]& out) noexcept nogil:
+        # Tokens at absolute positions [start, end), clipped to what is held.
+        cdef NativeStore* s = self.s
+        cdef int64_t i
+        s.mtx.lock()
+        if start < s.n - s.cap:
+            start = s.n - s.cap
+        if start < 0:
+            start = 0
+        if end > s.n:
+            end = s.n
+        for i in range(start, end):
+            out.push_back(s.tok[i & s.mask])
+        s.mtx.unlock()
 
     def slice(self, int64_t start, int64_t end):
         """Tokens at absolute positions [start, end), clipped to what is held
         (a copy; separators are -1)."""
-        cdef int64_t i, count
-        self.mtx.lock()
-        if start < self.n - self.cap:
-            start = self.n - self.cap
-        if start < 0:
-            start = 0
-        if end > self.n:
-            end = self.n
-        count = end - start if end > start else 0
-        out = np.empty(count, dtype=np.int32)
+        cdef vector[int32_t] buf
+        cdef size_t i
+        with nogil:
+            self._copy(start, end, buf)
+        out = np.empty(buf.size(), dtype=np.int32)
         cdef int32_t[::1] view = out
-        for i in range(count):
-            view[i] = self.tok[(start + i) & self.mask]
-        self.mtx.unlock()
+        for i in range(buf.size()):
+            view[i] = buf[i]
         return out
 
     def tokens(self):
         """All live tokens, oldest first (a copy)."""
-        return self.slice(0, self.n)
+        return self.slice(0, self.s.n)
 
     @property
     def size(self):
         """Tokens currently held (after eviction)."""
-        return self.cap if self.n > self.cap else self.n
+        return self.s.cap if self.s.n > self.s.cap else self.s.n
 
     @property
     def appended(self):
-        return self.n
+        return self.s.n
 
     @property
     def indexed(self):
-        return self.n_indexed
+        return self.s.n_indexed
 
     @property
     def capacity(self):
-        return self.cap
+        return self.s.cap
 
     @property
     def nbytes(self):
         """Bytes held by the stream and its index."""
-        cdef int64_t b = self.cap * 4
+        cdef int64_t b = self.s.cap * 4
         cdef int o
-        for o in range(self.norders):
-            b += self.prev[o].size() * 4 + self.head[o].size() * 4
+        for o in range(self.s.norders):
+            b += self.s.prev[o].size() * 4 + self.s.head[o].size() * 4
         return b
 
+
+cdef class Inserter:
+    """The background writer of :class:`TokenStore` s: one native thread that
+    applies inserts in submission order and never takes the GIL (see
+    ``_native.hpp`` for why).  ``background=False`` applies each insert on
+    the caller's thread instead (debugging, and processes that must not
+    start threads)."""
+
+    cdef InsertThread* thread
+    cdef bint background
+
+    def __cinit__(self, bint background=True, size_t max_pending=256):
+        self.background = background
+        self.thread = new InsertThread(_apply_insert, max_pending if max_pending > 1 else 2)
+
+    def __dealloc__(self):
+        if self.thread != NULL:
+            with nogil:
+                self.thread.close()
+            del self.thread
+            self.thread = NULL
+
+    cdef void _submit(self, TokenStore store, const int32_t* tokens, int64_t count, bint index_pending):
+        if not self.background:
+            with nogil:
+                _apply_insert(store.s, tokens, count, index_pending)
+            return
+        with nogil:
+            self.thread.submit(store.ptr, tokens, count, index_pending)
+
+    def index_pending(self, TokenStore store):
+        """Index whatever ``store`` holds unindexed (a prompt appended raw)."""
+        self._submit(store, NULL, 0, True)
+
+    def append_indexed(self, TokenStore store, const int32_t[::1] tokens):
+        """Append ``tokens`` (validated int32) to ``store`` and index them."""
+        if tokens.shape[0]:
+            self._submit(store, &tokens[0], tokens.shape[0], False)
+
+    def share(self, TokenStore shared, TokenStore source, int64_t start, int64_t end, int64_t context):
+        """Append ``source``'s tokens [start, end) to ``shared`` behind a
+        separator, with ``context`` tokens before ``start`` so the first new
+        ones have n-grams to be found by (copied here, natively: no Python
+        list or array per flush)."""
+        cdef vector[int32_t] buf
+        buf.push_back(SEPARATOR)
+        with nogil:
+            source._copy(start - context if start > context else 0, end, buf)
+        self._submit(shared, buf.data(), buf.size(), False)
+
+    def synchronize(self):
+        """Wait (GIL released) until every insert submitted so far is applied."""
+        with nogil:
+            self.thread.synchronize()
+
+    def pending(self):
+        return self.thread.pending()
+
+    @property
+    def failures(self):
+        return self.thread.failures()
+
+    def close(self):
+        """Apply what is queued and stop the thread (a later insert restarts it)."""
+        with nogil:
+            self.thread.close()
 
 # ---------------------------------------------------------------------------
 # Drafting
@@ -459,7 +574,7 @@ cdef inline double _powi(double base, double e) noexcept nogil:
     return pow(base, e)
 
 
-cdef int _gather(TokenStore s, const int32_t* ctx, int ctx_len, const DraftParams* prm,
+cdef int _gather(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftParams* prm,
                  double store_weight, vector[Candidate]& cands) noexcept nogil:
     """Collect occurrences of the context's longest suffixes in one store.
 
@@ -570,7 +685,7 @@ cdef int32_t _child(vector[TrieNode]& nodes, int32_t parent, int32_t token) noex
     return c
 
 
-cdef void _merge(TokenStore s, const Candidate* cand, int depth, vector[TrieNode]& nodes) noexcept nogil:
+cdef void _merge(NativeStore* s, const Candidate* cand, int depth, vector[TrieNode]& nodes) noexcept nogil:
     """Add one occurrence's continuation (up to ``depth`` tokens) to the draft
     trie.  Must be called with ``s.mtx`` held."""
     cdef int64_t q = cand.pos + 1
@@ -666,7 +781,7 @@ cdef void _select(vector[TrieNode]& nodes, int budget, bint one_branch, double c
         _score_children(nodes, c, confidence, frontier)
 
 
-cdef void _draft(TokenStore local, bint has_local, TokenStore shared, bint has_shared,
+cdef void _draft(NativeStore* local, NativeStore* shared,
                  const int32_t* ctx, int ctx_len, int budget, bint one_branch,
                  const DraftParams* prm, vector[Candidate]& cands, vector[TrieNode]& nodes,
                  vector[int32_t]& out_tokens, vector[int32_t]& out_parents) noexcept nogil:
@@ -684,14 +799,14 @@ cdef void _draft(TokenStore local, bint has_local, TokenStore shared, bint has_s
     root.score = 1.0
     nodes.push_back(root)
     # One lock hold per store: gather its occurrences and merge them.
-    if has_local:
+    if local != NULL:
         local.mtx.lock()
         _gather(local, ctx, ctx_len, prm, prm.local_weight, cands)
         for c in range(cands.size()):
             _merge(local, &cands[c], depth, nodes)
         local.mtx.unlock()
     cdef size_t first_shared = cands.size()
-    if has_shared and <int>cands.size() < prm.max_candidates:
+    if shared != NULL and <int>cands.size() < prm.max_candidates:
         shared.mtx.lock()
         _gather(shared, ctx, ctx_len, prm, 1.0, cands)
         for c in range(first_shared, cands.size()):
@@ -716,10 +831,10 @@ cdef class Drafter:
         _read_tokens(context, config.p.max_match, max_id, self.ctx, "context")
         if self.ctx.size() == 0 or budget <= 0:
             return [], []
-        cdef bint has_local = local is not None
-        cdef bint has_shared = shared is not None
+        cdef NativeStore* local_s = local.s if local is not None else NULL
+        cdef NativeStore* shared_s = shared.s if shared is not None else NULL
         with nogil:
-            _draft(local, has_local, shared, has_shared, self.ctx.data(), self.ctx.size(), budget,
+            _draft(local_s, shared_s, self.ctx.data(), self.ctx.size(), budget,
                    one_branch, &config.p, self.cands, self.nodes,
                    self.out_tokens, self.out_parents)
         self.drafts += 1

@@ -3,8 +3,9 @@
 It owns one shared history (a bounded ring of every request's output, the
 cross-request n-gram source) and one store per live request (its whole prompt
 plus its output, the copy source).  Prompts and shared-history inserts are
-applied by a background thread; a request's own new tokens go into its store
-at once, since they are few and the very next draft needs them.
+applied by a native background thread that never takes the GIL; a request's
+own new tokens go into its store at once, since they are few and the very
+next draft needs them.
 """
 
 from __future__ import annotations
@@ -17,11 +18,9 @@ from typing import Any, Hashable, NamedTuple, Sequence
 
 import numpy as np
 
-from lookahead._trie import DraftConfig, Drafter, TokenStore, read_tokens
-from lookahead.inserter import BackgroundInserter
+from lookahead._trie import DraftConfig, Drafter, Inserter, TokenStore, read_tokens
 from lookahead.tokens import MAX_BUDGET, MAX_TOKEN_ID, check_budget
 
-_SEPARATOR = np.array([-1], dtype=np.int32)
 _FORMAT_VERSION = 1
 
 
@@ -136,7 +135,7 @@ class LookaheadCache:
         self._shared = TokenStore(config.shared_capacity, True, config.orders)
         self._requests: dict[Hashable, _Request] = {}
         self._lock = threading.Lock()
-        self._inserter = BackgroundInserter()
+        self._inserter = Inserter(config.background)
         self._scratch = threading.local()
         self._drafters: list[Drafter] = []
         self._prompts = self._prompt_tokens = self._output_tokens = self._finished = 0
@@ -155,7 +154,7 @@ class LookaheadCache:
             self._requests[rid] = _Request(store, len(arr), len(arr))
             self._prompts += 1
             self._prompt_tokens += len(arr)
-        self._run(store.index_pending)
+        self._inserter.index_pending(store)
 
     def put_output(self, rid: Hashable, tokens: Any) -> None:
         """Give the request's newly accepted tokens (visible to its next draft)."""
@@ -188,14 +187,7 @@ class LookaheadCache:
                 return
             context = self.config.share_prompt_tail if start == req.prompt_len else max(self.config.orders)
             req.shared_upto = end
-        segment = np.concatenate([_SEPARATOR, req.store.slice(start - context, end)])
-        self._run(lambda: self._shared.append_indexed(segment))
-
-    def _run(self, job) -> None:
-        if self.config.background:
-            self._inserter.submit(job)
-        else:
-            job()
+        self._inserter.share(self._shared, req.store, start, end, context)
 
     def synchronize(self) -> None:
         """Wait until every insert submitted so far is visible to drafts."""

@@ -956,6 +956,47 @@ def test_inserts_never_block_drafting():
         assert observed > 0, "indexing always finished before a draft could run"
 
 
+def test_store_freed_while_its_insert_is_queued():
+    """``finish`` right after ``put_prompt`` drops the cache's last reference
+    to the store while the native inserter may still be indexing it: the
+    queued job co-owns the store, so nothing is freed under it, later
+    requests are served, and the output is shared once."""
+    rng = np.random.default_rng(7)
+    with open_cache(max_memory_bytes=1 << 20) as cache:
+        for i in range(20):
+            big = rng.integers(1000, 50000, size=1 << 16).astype(np.int32)
+            cache.put_prompt(("gone", i), big)
+            cache.put_output(("gone", i), [1, 2, 3, 4, 5])
+            cache.finish(("gone", i))
+            del big
+        cache.put_prompt("after", [7, 8, 9, 7, 8])
+        cache.synchronize()
+        stats = cache.stats()
+        assert stats["pending_inserts"] == 0 and stats["failed_inserts"] == 0
+        assert stats["active_requests"] == 1 and stats["finished"] == 20
+        assert cache.draft("after", [7, 8], 2, one_branch=True).tokens == [9, 7]
+        # The finished outputs reached the shared history: one separator plus
+        # the prompt-tail context plus the 5 output tokens per request.
+        assert stats["shared_tokens_seen"] == 20 * (1 + cache.config.share_prompt_tail + 5)
+
+
+def test_inserter_restarts_after_close():
+    """``close`` applies what is queued and stops the native thread; a later
+    insert starts it again, and inline mode (``background=False``) applies
+    inserts before returning."""
+    for background in (True, False):
+        cache = LookaheadCache(max_memory_bytes=1 << 20, background=background)
+        cache.put_prompt("a", [1, 2, 3, 1, 2])
+        cache.close()
+        assert cache._requests["a"].store.indexed == 5
+        cache.put_prompt("b", [4, 5, 6, 4, 5])
+        if not background:
+            assert cache._requests["b"].store.indexed == 5
+        cache.synchronize()
+        assert cache.draft("b", [4, 5], 1).tokens == [6]
+        cache.close()
+
+
 # ---------------------------------------------------------------------------
 # Replay CLI and helpers
 # ---------------------------------------------------------------------------

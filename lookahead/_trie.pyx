@@ -528,6 +528,12 @@ cdef struct DraftParams:
     int min_match          # occurrences shorter than this are ignored
     double confidence      # pseudo-weight of unseen continuations (see _score_children)
     double order_norm      # divide an occurrence's weight by (hits of its order) ** order_norm
+    int top_walk           # chain steps for the highest order (long verbatim matches)
+    int low_walk           # chain steps for orders <= 2, multi-branch drafts only
+    int anchor_window      # copy re-anchoring (see _anchor): source tokens searched, 0: off
+    int anchor_below       # ... when the best local match is shorter than this
+    int anchor_gap         # ... skipping at most this many diverged context tokens
+    int anchor_min         # ... after a verified anchor match of at least this many
 
 
 cdef struct Candidate:
@@ -553,7 +559,8 @@ cdef class DraftConfig:
     def __cinit__(self, int max_match=32, int max_walk=16, int max_candidates=32,
                   int enough_candidates=12, double match_exponent=2.0,
                   double local_weight=4.0, int min_match=1, double confidence=0.0,
-                  double order_norm=0.0):
+                  double order_norm=0.0, int top_walk=0, int low_walk=0, int anchor_window=0,
+                  int anchor_below=4, int anchor_gap=24, int anchor_min=16):
         self.p.max_match = max_match
         self.p.max_walk = max_walk
         self.p.max_candidates = min(max_candidates, MAX_CANDIDATES_LIMIT)
@@ -563,6 +570,12 @@ cdef class DraftConfig:
         self.p.min_match = min_match
         self.p.confidence = confidence
         self.p.order_norm = order_norm
+        self.p.top_walk = top_walk
+        self.p.low_walk = low_walk
+        self.p.anchor_window = anchor_window
+        self.p.anchor_below = anchor_below
+        self.p.anchor_gap = anchor_gap
+        self.p.anchor_min = anchor_min
 
 
 cdef inline double _powi(double base, double e) noexcept nogil:
@@ -575,13 +588,17 @@ cdef inline double _powi(double base, double e) noexcept nogil:
 
 
 cdef int _gather(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftParams* prm,
-                 double store_weight, vector[Candidate]& cands) noexcept nogil:
+                 double store_weight, bint one_branch, vector[Candidate]& cands) noexcept nogil:
     """Collect occurrences of the context's longest suffixes in one store.
 
     Must be called with ``s.mtx`` held.  Orders are tried from the longest
-    down; an occurrence found at a higher order is not added again.
+    down; an occurrence found at a higher order is not added again.  The
+    highest order may walk further (``top_walk``: in repetitive text the
+    right copy source is not always among the few most recent), and so may
+    orders 1 and 2 for a multi-branch draft (``low_walk``: better frequency
+    estimates for its alternatives; a chain only wants the heaviest one).
     """
-    cdef int o, k, j, m, steps, found = 0, prev_k
+    cdef int o, k, j, m, steps, found = 0, prev_k, walk
     cdef int shift = 64 - s.hbits
     cdef uint64_t h, slot
     cdef uint32_t e, d
@@ -626,7 +643,12 @@ cdef int _gather(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftPar
             continue
         q = n - 1 - <int64_t>(<uint32_t>(<uint32_t>n - e))
         steps = 0
-        while q >= base and q < s.n_indexed and steps < prm.max_walk:
+        walk = prm.max_walk
+        if o == s.norders - 1 and prm.top_walk > walk:
+            walk = prm.top_walk
+        if k <= 2 and not one_branch and prm.low_walk > walk:
+            walk = prm.low_walk
+        while q >= base and q < s.n_indexed and steps < walk:
             steps += 1
             # Verify the match and measure how far back it goes.
             m = 0
@@ -663,6 +685,100 @@ cdef int _gather(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftPar
             break
         o -= 1
     return found
+
+
+cdef void _anchor(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftParams* prm,
+                  vector[Candidate]& cands) noexcept nogil:
+    """Copy re-anchoring after an edit (call right after gathering ``s``, the
+    request's own stream, which ``ctx`` ends; must hold ``s.mtx``).
+
+    When the context's best match in its own stream is short, the output has
+    probably just diverged from a text it was copying: a token replaced, a
+    line inserted or deleted, a quote that skips a sentence.  Find where the
+    context *before* its last ``o`` tokens was copied from (the smallest ``o``
+    whose ``K``-gram, K the highest order, has an earlier occurrence verified
+    over ``anchor_min`` tokens), then look in the ``anchor_window`` tokens
+    after that anchor for the occurrence that best matches the context's last
+    ``o`` tokens (longest match, then nearest to where an equal-length edit
+    would put it): the copy most likely resumes there, so it becomes a
+    candidate weighted as a match of anchor + tail length."""
+    cdef int m_best = 0, o = 0, j, K, steps, am, best_am = 0, mq, best_mq = 0
+    cdef size_t c
+    cdef int64_t q, r = -1, end, best_q = -1, dist, best_dist = 0
+    cdef int64_t base = s.n - s.cap if s.n > s.cap else 0
+    cdef int top = s.norders - 1
+    cdef int shift = 64 - s.hbits
+    cdef uint64_t h, slot
+    cdef uint32_t e, d
+    cdef Candidate cand
+    for c in range(cands.size()):
+        if cands[c].match > m_best:
+            m_best = cands[c].match
+    if m_best >= prm.anchor_below or s.n_indexed < s.n:
+        return
+    K = s.orders[top]
+    for o in range(1, prm.anchor_gap + 1):
+        if o + K > ctx_len:
+            return
+        # The K-gram ending o tokens before the context's end, hashed as
+        # _index_locked does.
+        h = 0
+        for j in range(K):
+            h = (h ^ <uint32_t>ctx[ctx_len - 1 - o - j]) * GOLDEN
+        slot = h >> shift
+        e = s.head[top][slot]
+        if e == 0:
+            continue
+        q = s.n - 1 - <int64_t>(<uint32_t>(<uint32_t>s.n - e))
+        steps = 0
+        best_am = 0
+        while q >= base and steps < 8:
+            steps += 1
+            if q < s.n - 1 - o:   # not the context's own position
+                am = 0
+                while am < ctx_len - o and am < 64 and q - am >= base:
+                    if s.tok[(q - am) & s.mask] != ctx[ctx_len - 1 - o - am]:
+                        break
+                    am += 1
+                if am > best_am:
+                    best_am = am
+                    r = q
+            d = s.prev[top][q & s.mask]
+            if d == 0:
+                break
+            q -= d
+        if best_am >= K and best_am >= prm.anchor_min:
+            break
+        r = -1
+    if r < 0:
+        return
+    end = r + 1 + prm.anchor_window
+    if end > s.n - 1:
+        end = s.n - 1
+    q = r + 1
+    while q < end:
+        mq = 0
+        while mq < o and q - mq >= base and s.tok[(q - mq) & s.mask] == ctx[ctx_len - 1 - mq]:
+            mq += 1
+        if mq > 0 and s.tok[(q + 1) & s.mask] >= 0:
+            dist = q - (r + o)
+            if dist < 0:
+                dist = -dist
+            if mq > best_mq or (mq == best_mq and dist < best_dist):
+                best_mq = mq
+                best_q = q
+                best_dist = dist
+        q += 1
+    if best_q < 0:
+        return
+    cand.pos = best_q
+    cand.match = best_mq + best_am
+    cand.weight = prm.local_weight * _powi(<double>cand.match, prm.match_exponent)
+    for c in range(cands.size()):
+        if cands[c].pos == best_q:
+            cands[c] = cand
+            return
+    cands.push_back(cand)
 
 
 cdef int32_t _child(vector[TrieNode]& nodes, int32_t parent, int32_t token) noexcept nogil:
@@ -801,14 +917,16 @@ cdef void _draft(NativeStore* local, NativeStore* shared,
     # One lock hold per store: gather its occurrences and merge them.
     if local != NULL:
         local.mtx.lock()
-        _gather(local, ctx, ctx_len, prm, prm.local_weight, cands)
+        _gather(local, ctx, ctx_len, prm, prm.local_weight, one_branch, cands)
+        if prm.anchor_window > 0:
+            _anchor(local, ctx, ctx_len, prm, cands)
         for c in range(cands.size()):
             _merge(local, &cands[c], depth, nodes)
         local.mtx.unlock()
     cdef size_t first_shared = cands.size()
     if shared != NULL and <int>cands.size() < prm.max_candidates:
         shared.mtx.lock()
-        _gather(shared, ctx, ctx_len, prm, 1.0, cands)
+        _gather(shared, ctx, ctx_len, prm, 1.0, one_branch, cands)
         for c in range(first_shared, cands.size()):
             _merge(shared, &cands[c], depth, nodes)
         shared.mtx.unlock()
@@ -827,8 +945,12 @@ cdef class Drafter:
     def draft_context(self, TokenStore local, TokenStore shared, object context, int budget,
                       bint one_branch, DraftConfig config, int64_t max_id):
         """:meth:`draft` after a whole context (list or int array): only its
-        last ``max_match`` ids are read and checked."""
-        _read_tokens(context, config.p.max_match, max_id, self.ctx, "context")
+        last ``max_match`` ids (``anchor_gap + anchor_min + 32`` if more, for
+        re-anchoring) are read and checked."""
+        cdef int tail = config.p.max_match
+        if config.p.anchor_window > 0 and tail < config.p.anchor_gap + config.p.anchor_min + 32:
+            tail = config.p.anchor_gap + config.p.anchor_min + 32
+        _read_tokens(context, tail, max_id, self.ctx, "context")
         if self.ctx.size() == 0 or budget <= 0:
             return [], []
         cdef NativeStore* local_s = local.s if local is not None else NULL

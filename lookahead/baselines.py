@@ -54,6 +54,9 @@ class LookaheadDrafter:
 
     def accept(self, rid, context, new_tokens):
         self.cache.put_output(rid, new_tokens)
+        # Every 128 tokens the output is shared in the background; wait for it
+        # (usually a no-op) so a replay's drafts never depend on thread timing.
+        self.cache.synchronize()
 
     def finish(self, rid):
         self.cache.finish(rid)

@@ -45,15 +45,21 @@ class LookaheadConfig:
 
     max_memory_bytes: int = 256 << 20  # shared history budget, index included
     orders: tuple = (1, 2, 4, 8)  # n-gram orders indexed for matching
-    max_match_len: int = 32  # longest context suffix compared to an occurrence
+    max_match_len: int = 64  # longest context suffix compared to an occurrence
     max_walk: int = 16  # occurrences visited per order and store
-    max_candidates: int = 32  # occurrences merged into one draft
+    top_walk: int = 64  # ... for the highest order (repeated long n-grams: find the right copy source)
+    low_walk: int = 64  # ... for orders 1 and 2 in multi-branch drafts (frequency estimates)
+    max_candidates: int = 64  # occurrences merged into one draft
     enough_candidates: int = 12  # stop trying shorter suffixes after this many
     match_exponent: float = 2.0  # occurrence weight = match_len ** exponent
     local_weight: float = 4.0  # the request's own stream weighs this much more
     min_match_len: int = 1  # ignore occurrences matching fewer tokens
     confidence: float = 8.0  # pseudo-weight discounting branches seen few times
     order_norm: float = 0.0  # 1: each n-gram order weighs the same however many hits it has
+    anchor_window: int = 256  # re-anchor a copy after an edit: source tokens searched (0: off)
+    anchor_below: int = 4  # ... when the best match in the request's own stream is shorter
+    anchor_gap: int = 24  # ... skipping at most this many diverged context tokens
+    anchor_min: int = 16  # ... behind an anchor verified over at least this many tokens
     share_outputs: bool = True  # feed outputs into the shared history
     share_prompt_tail: int = 8  # prompt tokens shared before the output, as its context
     flush_tokens: int = 128  # share a running request's output every this many tokens
@@ -67,8 +73,11 @@ class LookaheadConfig:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
         for name in ("max_memory_bytes", "max_match_len", "max_walk", "max_candidates",
-                     "enough_candidates", "min_match_len", "flush_tokens"):
+                     "enough_candidates", "min_match_len", "flush_tokens", "top_walk", "low_walk",
+                     "anchor_below", "anchor_gap", "anchor_min"):
             positive(name)
+        if isinstance(self.anchor_window, bool) or not isinstance(self.anchor_window, int) or self.anchor_window < 0:
+            raise ValueError(f"anchor_window must be a non-negative integer, got {self.anchor_window!r}")
         if self.max_memory_bytes < 1 << 16:
             raise ValueError(f"max_memory_bytes must be at least 64 KiB, got {self.max_memory_bytes}")
         orders = tuple(self.orders)
@@ -130,6 +139,12 @@ class LookaheadCache:
             min_match=config.min_match_len,
             confidence=config.confidence,
             order_norm=config.order_norm,
+            top_walk=config.top_walk,
+            low_walk=config.low_walk,
+            anchor_window=config.anchor_window,
+            anchor_below=config.anchor_below,
+            anchor_gap=config.anchor_gap,
+            anchor_min=config.anchor_min,
         )
         self._max_id = MAX_TOKEN_ID if config.vocab_size is None else config.vocab_size - 1
         self._shared = TokenStore(config.shared_capacity, True, config.orders)

@@ -156,7 +156,7 @@ class LookaheadServerArgs(_original_server_args_class()):
             "against the trie when drafting (its useful depth; continuations "
             "themselves are not depth-capped). Longer matches are more "
             "specific but cost more host time per step. Unset: the cache's "
-            "default (LookaheadConfig.max_match_len, 32).",
+            "default (LookaheadConfig.max_match_len, 64).",
             type_parser=_positive_int,
         ),
     ] = None

@@ -956,6 +956,68 @@ def test_inserts_never_block_drafting():
         assert observed > 0, "indexing always finished before a draft could run"
 
 
+def test_copy_resumes_at_its_source_after_an_edit():
+    """After a substituted token, the context's last token also occurs later
+    in the prompt (and, more recent, wins a tie of 1-token matches); copy
+    re-anchoring finds where the text before the edit was copied from and
+    resumes the copy there."""
+    source = list(range(1000, 1130))
+    source[30] = source[101] = 7
+    edited = source[:29] + [5000, 7]  # source[29] replaced, then the copy goes on
+    for one_branch in (True, False):
+        with open_cache(max_memory_bytes=1 << 20) as cache:
+            cache.put_prompt("edit", source + [1])
+            cache.put_output("edit", edited)
+            cache.synchronize()
+            assert cache.draft("edit", source + [1] + edited, 4, one_branch).tokens[:4] == source[31:35]
+        with open_cache(max_memory_bytes=1 << 20, anchor_window=0) as cache:  # control: no anchoring
+            cache.put_prompt("edit", source + [1])
+            cache.put_output("edit", edited)
+            cache.synchronize()
+            # The tie of 1-token matches goes to the most recent occurrence.
+            assert cache.draft("edit", source + [1] + edited, 4, one_branch).tokens[0] == source[102]
+
+
+def test_reference_on_copies_with_edits():
+    """Native drafts equal the reference model's on copy-with-edit streams,
+    where re-anchoring fires (substitutions, insertions, deletions)."""
+    rng = random.Random(1)
+    configs = [{}, {"orders": (1, 2, 3)}, {"anchor_min": 8, "anchor_window": 40}]
+    drafts = 0
+    for trial, overrides in enumerate(configs):
+        cfg = LookaheadConfig(max_memory_bytes=1 << 18, background=False, **overrides)
+        native, ref = LookaheadCache(cfg), RefCache(cfg)
+        for rid in range(2):
+            src = [rng.randrange(30) for _ in range(200)]
+            resp = list(src)
+            for _ in range(4):
+                i, kind = rng.randrange(len(resp)), rng.randrange(3)
+                if kind == 0:
+                    resp[i] = rng.randrange(30)
+                elif kind == 1:
+                    resp[i:i] = [rng.randrange(30) for _ in range(rng.randrange(1, 13))]
+                else:
+                    del resp[i:i + rng.randrange(1, 30)]
+            prompt = src + [rng.randrange(30) for _ in range(5)]
+            native.put_prompt(rid, prompt)
+            ref.put_prompt(rid, prompt)
+            i = 0
+            while i < len(resp):
+                ctx = prompt + resp[:i]
+                for one_branch in (False, True):
+                    d = native.draft(rid, ctx, 8, one_branch)
+                    assert (list(d.tokens), list(d.parents)) == tuple(map(list, ref.draft(rid, ctx, 8, one_branch)))
+                    drafts += 1
+                step = rng.randrange(1, 4)
+                native.put_output(rid, resp[i:i + step])
+                ref.put_output(rid, resp[i:i + step])
+                i += step
+            native.finish(rid)
+            ref.finish(rid)
+        native.close()
+    assert drafts > 1000
+
+
 def test_store_freed_while_its_insert_is_queued():
     """``finish`` right after ``put_prompt`` drops the cache's last reference
     to the store while the native inserter may still be indexing it: the

@@ -178,6 +178,12 @@ class Params:
     min_match: int = 1
     confidence: float = 0.0
     order_norm: float = 0.0
+    top_walk: int = 0
+    low_walk: int = 0
+    anchor_window: int = 0
+    anchor_below: int = 4
+    anchor_gap: int = 24
+    anchor_min: int = 16
 
     def __post_init__(self):
         self.max_candidates = min(self.max_candidates, MAX_CANDIDATES_LIMIT)
@@ -187,10 +193,13 @@ class Params:
         return cls(max_match=cfg.max_match_len, max_walk=cfg.max_walk, max_candidates=cfg.max_candidates,
                    enough_candidates=cfg.enough_candidates, match_exponent=cfg.match_exponent,
                    local_weight=cfg.local_weight, min_match=cfg.min_match_len,
-                   confidence=cfg.confidence, order_norm=cfg.order_norm)
+                   confidence=cfg.confidence, order_norm=cfg.order_norm, top_walk=cfg.top_walk,
+                   low_walk=cfg.low_walk, anchor_window=cfg.anchor_window, anchor_below=cfg.anchor_below,
+                   anchor_gap=cfg.anchor_gap, anchor_min=cfg.anchor_min)
 
 
-def gather(store: RefStore, ctx: list, prm: Params, store_weight: float, cands: list) -> int:
+def gather(store: RefStore, ctx: list, prm: Params, store_weight: float, cands: list,
+           one_branch: bool = False) -> int:
     """Append ``store``'s occurrences of the context's suffixes to ``cands``."""
     if store.n == 0 or not ctx:
         return 0
@@ -204,8 +213,13 @@ def gather(store: RefStore, ctx: list, prm: Params, store_weight: float, cands: 
         order_start = len(cands)
         slot = store.slot_of(reversed(ctx[-k:]))
         steps = 0
+        walk = prm.max_walk
+        if k == store.orders[-1] and prm.top_walk > walk:
+            walk = prm.top_walk
+        if k <= 2 and not one_branch and prm.low_walk > walk:
+            walk = prm.low_walk
         for q in store.chain(k, slot):
-            if q < base or steps >= prm.max_walk:
+            if q < base or steps >= walk:
                 break
             steps += 1
             m = 0
@@ -226,6 +240,56 @@ def gather(store: RefStore, ctx: list, prm: Params, store_weight: float, cands: 
         if found >= prm.enough_candidates or len(cands) >= prm.max_candidates:
             break
     return found
+
+
+def anchor(store: RefStore, ctx: list, prm: Params, cands: list) -> None:
+    """Copy re-anchoring after an edit (the request's own store, which the
+    context ends): see ``_anchor`` in the native code."""
+    m_best = max((c.match for c in cands), default=0)
+    if m_best >= prm.anchor_below:
+        return
+    base, n, toks = store.base, store.n, store.toks
+    K = store.orders[-1]
+    r, best_am, o = -1, 0, 0
+    for o in range(1, prm.anchor_gap + 1):
+        if o + K > len(ctx):
+            return
+        slot = store.slot_of(reversed(ctx[len(ctx) - o - K: len(ctx) - o]))
+        best_am, steps = 0, 0
+        for q in store.chain(K, slot):
+            if q < base or steps >= 8:
+                break
+            steps += 1
+            if q < n - 1 - o:
+                am = 0
+                while am < len(ctx) - o and am < 64 and q - am >= base and toks[q - am] == ctx[-1 - o - am]:
+                    am += 1
+                if am > best_am:
+                    best_am, r = am, q
+        if best_am >= K and best_am >= prm.anchor_min:
+            break
+        r = -1
+    if r < 0:
+        return
+    end = min(r + 1 + prm.anchor_window, n - 1)
+    best_q, best_mq, best_dist = -1, 0, 0
+    for q in range(r + 1, end):
+        mq = 0
+        while mq < o and q - mq >= base and toks[q - mq] == ctx[-1 - mq]:
+            mq += 1
+        if mq > 0 and toks[q + 1] >= 0:
+            dist = abs(q - (r + o))
+            if mq > best_mq or (mq == best_mq and dist < best_dist):
+                best_q, best_mq, best_dist = q, mq, dist
+    if best_q < 0:
+        return
+    match = best_mq + best_am
+    cand = Candidate(best_q, match, prm.local_weight * _pow(float(match), prm.match_exponent))
+    for i, c in enumerate(cands):
+        if c.pos == best_q:
+            cands[i] = cand
+            return
+    cands.append(cand)
 
 
 def child(nodes: list, parent: int, token: int) -> int:
@@ -287,18 +351,23 @@ def select(nodes: list, budget: int, one_branch: bool, confidence: float) -> tup
 
 def draft(local: RefStore | None, shared: RefStore | None, context, budget: int, one_branch: bool,
           prm: Params) -> tuple[list, list]:
-    ctx = [int(t) for t in list(context)[-prm.max_match:]] if prm.max_match > 0 else []
+    tail = prm.max_match
+    if prm.anchor_window > 0:
+        tail = max(tail, prm.anchor_gap + prm.anchor_min + 32)
+    ctx = [int(t) for t in list(context)[-tail:]] if prm.max_match > 0 else []
     if not ctx or budget <= 0:
         return [], []
     nodes = [Node(-1, -1, score=1.0)]
     cands: list[Candidate] = []
     if local is not None:
-        gather(local, ctx, prm, prm.local_weight, cands)
+        gather(local, ctx, prm, prm.local_weight, cands, one_branch)
+        if prm.anchor_window > 0:
+            anchor(local, ctx, prm, cands)
         for c in cands:
             merge(local, c, budget, nodes)
     first_shared = len(cands)
     if shared is not None and len(cands) < prm.max_candidates:
-        gather(shared, ctx, prm, 1.0, cands)
+        gather(shared, ctx, prm, 1.0, cands, one_branch)
         for c in cands[first_shared:]:
             merge(shared, c, budget, nodes)
     return select(nodes, budget, one_branch, prm.confidence)

@@ -48,7 +48,7 @@ class LookaheadConfig:
     max_match_len: int = 64  # longest context suffix compared to an occurrence
     max_walk: int = 16  # occurrences visited per order and store
     top_walk: int = 64  # ... for the highest order (repeated long n-grams: find the right copy source)
-    low_walk: int = 64  # ... for orders 1 and 2 in multi-branch drafts (frequency estimates)
+    low_walk: int = 24  # ... for orders 1 and 2 in multi-branch drafts (frequency estimates)
     max_candidates: int = 64  # occurrences merged into one draft
     enough_candidates: int = 12  # stop trying shorter suffixes after this many
     match_exponent: float = 2.0  # occurrence weight = match_len ** exponent

@@ -593,8 +593,9 @@ cdef int _gather(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftPar
 
     Must be called with ``s.mtx`` held.  Orders are tried from the longest
     down; an occurrence found at a higher order is not added again.  The
-    highest order may walk further (``top_walk``: in repetitive text the
-    right copy source is not always among the few most recent), and so may
+    highest order may walk further in a request's own store (``top_walk``:
+    in repetitive text the right copy source is not always among the few
+    most recent; the shared ring gains nothing from it), and so may
     orders 1 and 2 for a multi-branch draft (``low_walk``: better frequency
     estimates for its alternatives; a chain only wants the heaviest one).
     """
@@ -644,7 +645,7 @@ cdef int _gather(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftPar
         q = n - 1 - <int64_t>(<uint32_t>(<uint32_t>n - e))
         steps = 0
         walk = prm.max_walk
-        if o == s.norders - 1 and prm.top_walk > walk:
+        if o == s.norders - 1 and prm.top_walk > walk and not s.ring:
             walk = prm.top_walk
         if k <= 2 and not one_branch and prm.low_walk > walk:
             walk = prm.low_walk

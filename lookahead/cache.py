@@ -47,7 +47,7 @@ class LookaheadConfig:
     orders: tuple = (1, 2, 4, 8)  # n-gram orders indexed for matching
     max_match_len: int = 64  # longest context suffix compared to an occurrence
     max_walk: int = 16  # occurrences visited per order and store
-    top_walk: int = 64  # ... for the highest order (repeated long n-grams: find the right copy source)
+    top_walk: int = 64  # ... for the highest order in a request's own store (find the right copy source)
     low_walk: int = 24  # ... for orders 1 and 2 in multi-branch drafts (frequency estimates)
     max_candidates: int = 64  # occurrences merged into one draft
     enough_candidates: int = 12  # stop trying shorter suffixes after this many

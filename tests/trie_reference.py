@@ -214,7 +214,7 @@ def gather(store: RefStore, ctx: list, prm: Params, store_weight: float, cands: 
         slot = store.slot_of(reversed(ctx[-k:]))
         steps = 0
         walk = prm.max_walk
-        if k == store.orders[-1] and prm.top_walk > walk:
+        if k == store.orders[-1] and prm.top_walk > walk and not store.ring:
             walk = prm.top_walk
         if k <= 2 and not one_branch and prm.low_walk > walk:
             walk = prm.low_walk

@@ -9,6 +9,7 @@
 // its prompt is still being indexed stays alive until the job is done.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -59,8 +60,13 @@ class InsertThread {
   InsertThread& operator=(const InsertThread&) = delete;
 
   // Queue a job (the tokens are copied).  Past ``max_pending`` queued jobs
-  // the caller waits until the backlog is half gone: bounded memory.
-  void submit(const StorePtr& store, const int32_t* tokens, int64_t count, bool index_pending) {
+  // the caller waits until the backlog is half gone: bounded memory.  An
+  // ``urgent`` job wakes the thread at once; another (a share of output
+  // into the history, which no draft waits for) is picked up at the
+  // thread's next poll, within kPollMs while the cache is busy, so that a
+  // decode step's flush costs no wake-up system call.
+  void submit(const StorePtr& store, const int32_t* tokens, int64_t count, bool index_pending,
+              bool urgent = true) {
     Job job{store, std::vector<int32_t>(tokens, tokens + (count > 0 ? count : 0)), index_pending};
     std::unique_lock<std::mutex> lock(mu_);
     if (!started_) {  // started lazily: nothing runs in a process that never inserts (or forks first)
@@ -69,17 +75,26 @@ class InsertThread {
       thread_ = std::thread(&InsertThread::loop, this);
     }
     if (queue_.size() >= max_pending_) {
+      urgent_ = true;
+      work_cv_.notify_one();
       done_cv_.wait(lock, [this] { return queue_.size() <= max_pending_ / 2; });
     }
     queue_.push_back(std::move(job));
     ++submitted_;
-    work_cv_.notify_one();
+    bool wake = urgent || deep_sleep_;
+    if (wake) urgent_ = true;
+    lock.unlock();  // notify outside the lock: the woken thread does not block on it
+    if (wake) work_cv_.notify_one();
   }
 
   // Wait until every job submitted before this call has been applied.
   void synchronize() {
     std::unique_lock<std::mutex> lock(mu_);
     uint64_t target = submitted_;
+    if (completed_ < target) {
+      urgent_ = true;
+      work_cv_.notify_one();
+    }
     done_cv_.wait(lock, [this, target] { return completed_ >= target; });
   }
 
@@ -99,8 +114,8 @@ class InsertThread {
       std::lock_guard<std::mutex> lock(mu_);
       if (!started_) return;
       stopping_ = true;
-      work_cv_.notify_one();
     }
+    work_cv_.notify_one();
     thread_.join();
     std::lock_guard<std::mutex> lock(mu_);
     started_ = false;
@@ -121,9 +136,33 @@ class InsertThread {
     setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), kNice);
 #endif
     std::unique_lock<std::mutex> lock(mu_);
+    int idle_polls = 0;
     for (;;) {
-      work_cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping, and everything is applied
+      // Wait for an urgent job, or poll for others every kPollMs.
+      while (queue_.empty() || (!urgent_ && !stopping_)) {
+        if (queue_.empty()) {
+          if (stopping_) return;  // everything is applied
+          urgent_ = false;        // nothing left to hurry for
+        }
+        if (queue_.empty() && idle_polls >= kIdlePolls) {
+          // Idle for a while: no polling while the server has nothing to
+          // do; the next submit wakes us.
+          deep_sleep_ = true;
+          work_cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+          deep_sleep_ = false;
+          idle_polls = 0;
+          urgent_ = true;
+          continue;
+        }
+        bool woken = work_cv_.wait_for(lock, std::chrono::milliseconds(kPollMs),
+                                       [this] { return stopping_ || (urgent_ && !queue_.empty()); });
+        if (!woken) {
+          if (!queue_.empty()) break;  // a non-urgent job's turn
+          ++idle_polls;
+        }
+      }
+      idle_polls = 0;
+      urgent_ = false;
       Job job = std::move(queue_.front());
       queue_.pop_front();
       lock.unlock();
@@ -137,11 +176,14 @@ class InsertThread {
       lock.lock();
       if (failed) ++failures_;
       ++completed_;
+      if (!queue_.empty()) urgent_ = true;  // drain the backlog before polling again
       done_cv_.notify_all();
     }
   }
 
   static constexpr int kNice = 10;
+  static constexpr int kPollMs = 2;       // how late a non-urgent job may start
+  static constexpr int kIdlePolls = 500;  // polls without work before a deep sleep (1 s)
   ApplyFn apply_;
   size_t max_pending_;
   std::mutex mu_;
@@ -149,7 +191,7 @@ class InsertThread {
   std::deque<Job> queue_;
   std::thread thread_;
   uint64_t submitted_ = 0, completed_ = 0, failures_ = 0;
-  bool started_ = false, stopping_ = false;
+  bool started_ = false, stopping_ = false, urgent_ = false, deep_sleep_ = false;
 };
 
 }  // namespace lookahead

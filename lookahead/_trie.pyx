@@ -62,7 +62,8 @@ cdef extern from "_native.hpp" namespace "lookahead" nogil:
     ctypedef void (*ApplyFn)(NativeStore*, const int32_t*, int64_t, bint) noexcept nogil
     cppclass InsertThread:
         InsertThread(ApplyFn apply, size_t max_pending)
-        void submit(const StorePtr& store, const int32_t* tokens, int64_t count, bint index_pending) except +
+        void submit(const StorePtr& store, const int32_t* tokens, int64_t count, bint index_pending,
+                    bint urgent) except +
         void synchronize()
         size_t pending()
         uint64_t failures()
@@ -105,7 +106,10 @@ cdef int _read_tokens(object src, Py_ssize_t tail, int64_t max_id, vector[int32_
     cdef object item
     cdef int64_t v
     cdef const int32_t[:] v32
-    cdef const int64_t[:] v64
+    cdef cnp.ndarray arr
+    cdef const char* data
+    cdef Py_ssize_t stride
+    cdef int typenum
     out.clear()
     if type(src) is list or type(src) is tuple:
         n = len(src)
@@ -120,22 +124,26 @@ cdef int _read_tokens(object src, Py_ssize_t tail, int64_t max_id, vector[int32_
             v = item
             out.push_back(<int32_t>v)
         return 0
-    if isinstance(src, np.ndarray) and src.ndim == 1 and (src.dtype == np.int32 or src.dtype == np.int64):
-        n = src.shape[0]
-        start = 0 if tail < 0 or tail >= n else n - tail
-        if src.dtype == np.int32:
-            v32 = src
+    if cnp.PyArray_Check(src):
+        # Read through the C API: acquiring a typed memoryview, or comparing
+        # dtypes in Python, costs more than reading a step's few ids.
+        arr = <cnp.ndarray>src
+        typenum = cnp.PyArray_TYPE(arr)
+        if (cnp.PyArray_NDIM(arr) == 1 and (typenum == cnp.NPY_INT32 or typenum == cnp.NPY_INT64)
+                and cnp.PyArray_ISNOTSWAPPED(arr)):
+            n = cnp.PyArray_DIM(arr, 0)
+            start = 0 if tail < 0 or tail >= n else n - tail
+            data = <const char*>cnp.PyArray_DATA(arr)
+            stride = cnp.PyArray_STRIDE(arr, 0)
             for i in range(start, n):
-                if v32[i] < 0 or v32[i] > max_id:
-                    _bad_token(what, v32[i], i, max_id)
-                out.push_back(v32[i])
-        else:
-            v64 = src
-            for i in range(start, n):
-                if v64[i] < 0 or v64[i] > max_id:
-                    _bad_token(what, v64[i], i, max_id)
-                out.push_back(<int32_t>v64[i])
-        return 0
+                if typenum == cnp.NPY_INT32:
+                    v = (<const int32_t*>(data + i * stride))[0]
+                else:
+                    v = (<const int64_t*>(data + i * stride))[0]
+                if v < 0 or v > max_id:
+                    _bad_token(what, v, i, max_id)
+                out.push_back(<int32_t>v)
+            return 0
     if _as_token_array is None:
         from lookahead.tokens import as_token_array
         _as_token_array = as_token_array
@@ -469,22 +477,23 @@ cdef class Inserter:
             del self.thread
             self.thread = NULL
 
-    cdef void _submit(self, TokenStore store, const int32_t* tokens, int64_t count, bint index_pending):
+    cdef void _submit(self, TokenStore store, const int32_t* tokens, int64_t count, bint index_pending,
+                      bint urgent):
         if not self.background:
             with nogil:
                 _apply_insert(store.s, tokens, count, index_pending)
             return
         with nogil:
-            self.thread.submit(store.ptr, tokens, count, index_pending)
+            self.thread.submit(store.ptr, tokens, count, index_pending, urgent)
 
     def index_pending(self, TokenStore store):
         """Index whatever ``store`` holds unindexed (a prompt appended raw)."""
-        self._submit(store, NULL, 0, True)
+        self._submit(store, NULL, 0, True, True)
 
     def append_indexed(self, TokenStore store, const int32_t[::1] tokens):
         """Append ``tokens`` (validated int32) to ``store`` and index them."""
         if tokens.shape[0]:
-            self._submit(store, &tokens[0], tokens.shape[0], False)
+            self._submit(store, &tokens[0], tokens.shape[0], False, True)
 
     def share(self, TokenStore shared, TokenStore source, int64_t start, int64_t end, int64_t context):
         """Append ``source``'s tokens [start, end) to ``shared`` behind a
@@ -495,7 +504,8 @@ cdef class Inserter:
         buf.push_back(SEPARATOR)
         with nogil:
             source._copy(start - context if start > context else 0, end, buf)
-        self._submit(shared, buf.data(), buf.size(), False)
+        # Not urgent: no draft waits for it, so no wake-up on the decode path.
+        self._submit(shared, buf.data(), buf.size(), False, False)
 
     def synchronize(self):
         """Wait (GIL released) until every insert submitted so far is applied."""

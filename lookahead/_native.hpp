@@ -15,6 +15,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <thread>
 #include <vector>
 
@@ -41,7 +42,10 @@ struct NativeStore {
   bool ring = false;
   int norders = 0;
   int orders[8] = {0};
-  std::mutex mtx;
+  // Writers lock it exclusively, one bounded chunk at a time; drafts only
+  // try a shared lock and skip a store that is being written right now,
+  // so no draft ever waits for an insert (whatever the thread priorities).
+  std::shared_mutex mtx;
 };
 
 typedef std::shared_ptr<NativeStore> StorePtr;

@@ -20,9 +20,10 @@ n-gram of depth D costs D nodes per token (SGLang's NGRAM trie pays about
   The best ``budget`` nodes (multi-branch) or the heaviest chain (one-branch)
   are the draft.
 
-Every hot path (indexing, matching, draft extraction) runs without the GIL,
-under a per-store mutex that writers hold for one bounded chunk at a time, so
-a draft never waits for more than one chunk of a long insert.
+Every hot path (indexing, matching, draft extraction) runs without the GIL.
+Writers hold a store's lock for one bounded chunk at a time; a draft only
+tries a shared lock and skips a store being written at that instant, so it
+never waits for an insert.
 """
 
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
@@ -43,6 +44,15 @@ cdef extern from "<mutex>" namespace "std" nogil:
         void unlock()
 
 
+cdef extern from "<shared_mutex>" namespace "std" nogil:
+    cppclass shared_mutex:
+        shared_mutex()
+        void lock()
+        void unlock()
+        bint try_lock_shared()
+        void unlock_shared()
+
+
 cdef extern from "_native.hpp" namespace "lookahead" nogil:
     cppclass NativeStore:
         vector[int32_t] tok
@@ -57,7 +67,7 @@ cdef extern from "_native.hpp" namespace "lookahead" nogil:
         bint ring
         int norders
         int orders[8]
-        mutex mtx
+        shared_mutex mtx
     ctypedef shared_ptr[NativeStore] StorePtr
     ctypedef void (*ApplyFn)(NativeStore*, const int32_t*, int64_t, bint) noexcept nogil
     cppclass InsertThread:
@@ -925,22 +935,24 @@ cdef void _draft(NativeStore* local, NativeStore* shared,
     root.count = 0
     root.score = 1.0
     nodes.push_back(root)
-    # One lock hold per store: gather its occurrences and merge them.
-    if local != NULL:
-        local.mtx.lock()
+    # One shared-lock hold per store: gather its occurrences and merge them.
+    # A store that a writer holds at this instant (the inserter indexing a
+    # prompt or a share, for at most one 32-position chunk) is skipped rather
+    # than waited for; after synchronize() no writer holds one, so drafts
+    # stay deterministic.
+    if local != NULL and local.mtx.try_lock_shared():
         _gather(local, ctx, ctx_len, prm, prm.local_weight, one_branch, cands)
         if prm.anchor_window > 0:
             _anchor(local, ctx, ctx_len, prm, cands)
         for c in range(cands.size()):
             _merge(local, &cands[c], depth, nodes)
-        local.mtx.unlock()
+        local.mtx.unlock_shared()
     cdef size_t first_shared = cands.size()
-    if shared != NULL and <int>cands.size() < prm.max_candidates:
-        shared.mtx.lock()
+    if shared != NULL and <int>cands.size() < prm.max_candidates and shared.mtx.try_lock_shared():
         _gather(shared, ctx, ctx_len, prm, 1.0, one_branch, cands)
         for c in range(first_shared, cands.size()):
             _merge(shared, &cands[c], depth, nodes)
-        shared.mtx.unlock()
+        shared.mtx.unlock_shared()
     _select(nodes, budget, one_branch, prm.confidence, out_tokens, out_parents)
 
 

@@ -500,11 +500,6 @@ cdef class Inserter:
         """Index whatever ``store`` holds unindexed (a prompt appended raw)."""
         self._submit(store, NULL, 0, True, True)
 
-    def append_indexed(self, TokenStore store, const int32_t[::1] tokens):
-        """Append ``tokens`` (validated int32) to ``store`` and index them."""
-        if tokens.shape[0]:
-            self._submit(store, &tokens[0], tokens.shape[0], False, True)
-
     def share(self, TokenStore shared, TokenStore source, int64_t start, int64_t end, int64_t context):
         """Append ``source``'s tokens [start, end) to ``shared`` behind a
         separator, with ``context`` tokens before ``start`` so the first new

@@ -147,16 +147,16 @@ class InsertThread {
         if (queue_.empty()) {
           if (stopping_) return;  // everything is applied
           urgent_ = false;        // nothing left to hurry for
-        }
-        if (queue_.empty() && idle_polls >= kIdlePolls) {
-          // Idle for a while: no polling while the server has nothing to
-          // do; the next submit wakes us.
-          deep_sleep_ = true;
-          work_cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-          deep_sleep_ = false;
-          idle_polls = 0;
-          urgent_ = true;
-          continue;
+          if (idle_polls >= kIdlePolls) {
+            // Idle for a while: no polling while the server has nothing to
+            // do; the next submit wakes us.
+            deep_sleep_ = true;
+            work_cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+            deep_sleep_ = false;
+            idle_polls = 0;
+            urgent_ = true;
+            continue;
+          }
         }
         bool woken = work_cv_.wait_for(lock, std::chrono::milliseconds(kPollMs),
                                        [this] { return stopping_ || (urgent_ && !queue_.empty()); });

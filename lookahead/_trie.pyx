@@ -508,7 +508,7 @@ cdef class Inserter:
         cdef vector[int32_t] buf
         buf.push_back(SEPARATOR)
         with nogil:
-            source._copy(start - context if start > context else 0, end, buf)
+            source._copy(start - context, end, buf)  # _copy clips to what is held
         # Not urgent: no draft waits for it, so no wake-up on the decode path.
         self._submit(shared, buf.data(), buf.size(), False, False)
 

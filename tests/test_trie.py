@@ -983,11 +983,9 @@ def test_reference_on_copies_with_edits():
     where re-anchoring fires (substitutions, insertions, deletions)."""
     rng = random.Random(1)
     configs = [{}, {"orders": (1, 2, 3)}, {"anchor_min": 8, "anchor_window": 40}]
-    drafts = 0
-    for trial, overrides in enumerate(configs):
-        cfg = LookaheadConfig(max_memory_bytes=1 << 18, background=False, **overrides)
-        native, ref = LookaheadCache(cfg), RefCache(cfg)
-        for rid in range(2):
+    for seed, overrides in enumerate(configs):
+        requests = []
+        for _ in range(2):
             src = [rng.randrange(30) for _ in range(200)]
             resp = list(src)
             for _ in range(4):
@@ -998,24 +996,10 @@ def test_reference_on_copies_with_edits():
                     resp[i:i] = [rng.randrange(30) for _ in range(rng.randrange(1, 13))]
                 else:
                     del resp[i:i + rng.randrange(1, 30)]
-            prompt = src + [rng.randrange(30) for _ in range(5)]
-            native.put_prompt(rid, prompt)
-            ref.put_prompt(rid, prompt)
-            i = 0
-            while i < len(resp):
-                ctx = prompt + resp[:i]
-                for one_branch in (False, True):
-                    d = native.draft(rid, ctx, 8, one_branch)
-                    assert (list(d.tokens), list(d.parents)) == tuple(map(list, ref.draft(rid, ctx, 8, one_branch)))
-                    drafts += 1
-                step = rng.randrange(1, 4)
-                native.put_output(rid, resp[i:i + step])
-                ref.put_output(rid, resp[i:i + step])
-                i += step
-            native.finish(rid)
-            ref.finish(rid)
-        native.close()
-    assert drafts > 1000
+            requests.append((src + [rng.randrange(30) for _ in range(5)], resp))
+        cfg = LookaheadConfig(max_memory_bytes=1 << 18, **overrides)
+        nonempty, _ = _replay_against_reference(cfg, requests, seed=seed)
+        assert nonempty > 100
 
 
 def test_store_freed_while_its_insert_is_queued():

@@ -49,6 +49,7 @@ cdef extern from "<shared_mutex>" namespace "std" nogil:
         shared_mutex()
         void lock()
         void unlock()
+        void lock_shared()
         bint try_lock_shared()
         void unlock_shared()
 
@@ -411,7 +412,7 @@ cdef class TokenStore:
         # Tokens at absolute positions [start, end), clipped to what is held.
         cdef NativeStore* s = self.s
         cdef int64_t i
-        s.mtx.lock()
+        s.mtx.lock_shared()   # a reader: drafts of this request go on meanwhile
         if start < s.n - s.cap:
             start = s.n - s.cap
         if start < 0:
@@ -420,7 +421,7 @@ cdef class TokenStore:
             end = s.n
         for i in range(start, end):
             out.push_back(s.tok[i & s.mask])
-        s.mtx.unlock()
+        s.mtx.unlock_shared()
 
     def slice(self, int64_t start, int64_t end):
         """Tokens at absolute positions [start, end), clipped to what is held
@@ -437,33 +438,54 @@ cdef class TokenStore:
 
     def tokens(self):
         """All live tokens, oldest first (a copy)."""
-        return self.slice(0, self.s.n)
+        return self.slice(0, self.appended)
+
+    # The counters below are written by the inserter thread (and by whichever
+    # thread appends), so they are read under the store's shared lock: at
+    # most one index chunk's wait, and never a torn or stale-by-a-grow value.
+    cdef void _counts(self, int64_t* n, int64_t* n_indexed, int64_t* cap, int64_t* index_bytes) noexcept nogil:
+        cdef NativeStore* s = self.s
+        cdef int o
+        s.mtx.lock_shared()
+        n[0] = s.n
+        n_indexed[0] = s.n_indexed
+        cap[0] = s.cap
+        index_bytes[0] = 0
+        for o in range(s.norders):
+            index_bytes[0] += s.prev[o].size() * 4 + s.head[o].size() * 4
+        s.mtx.unlock_shared()
 
     @property
     def size(self):
         """Tokens currently held (after eviction)."""
-        return self.s.cap if self.s.n > self.s.cap else self.s.n
+        cdef int64_t n, n_indexed, cap, index_bytes
+        self._counts(&n, &n_indexed, &cap, &index_bytes)
+        return cap if n > cap else n
 
     @property
     def appended(self):
-        return self.s.n
+        cdef int64_t n, n_indexed, cap, index_bytes
+        self._counts(&n, &n_indexed, &cap, &index_bytes)
+        return n
 
     @property
     def indexed(self):
-        return self.s.n_indexed
+        cdef int64_t n, n_indexed, cap, index_bytes
+        self._counts(&n, &n_indexed, &cap, &index_bytes)
+        return n_indexed
 
     @property
     def capacity(self):
-        return self.s.cap
+        cdef int64_t n, n_indexed, cap, index_bytes
+        self._counts(&n, &n_indexed, &cap, &index_bytes)
+        return cap
 
     @property
     def nbytes(self):
         """Bytes held by the stream and its index."""
-        cdef int64_t b = self.s.cap * 4
-        cdef int o
-        for o in range(self.s.norders):
-            b += self.s.prev[o].size() * 4 + self.s.head[o].size() * 4
-        return b
+        cdef int64_t n, n_indexed, cap, index_bytes
+        self._counts(&n, &n_indexed, &cap, &index_bytes)
+        return cap * 4 + index_bytes
 
 
 cdef class Inserter:

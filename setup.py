@@ -1,8 +1,20 @@
 """Build and install sglang-lookahead: the Cython trie and the SGLang plugin entry point."""
 
+import os
+
 import numpy as np
 from Cython.Build import cythonize
 from setuptools import Extension, find_packages, setup
+
+# LOOKAHEAD_SANITIZE=thread (or address,undefined) builds the trie with those
+# sanitizers, for hunting races and memory errors in the native code; run it
+# with the sanitizer's runtime in LD_PRELOAD (tests/test_sanitizers.py does).
+sanitize = os.environ.get("LOOKAHEAD_SANITIZE", "")
+compile_args = ["-O3", "-std=c++17", "-pthread"]
+link_args = ["-pthread"]
+if sanitize:
+    compile_args = ["-O1", "-g", "-fno-omit-frame-pointer", f"-fsanitize={sanitize}", "-std=c++17", "-pthread"]
+    link_args = ["-pthread", f"-fsanitize={sanitize}"]
 
 extensions = [
     Extension(
@@ -11,8 +23,8 @@ extensions = [
         include_dirs=[np.get_include(), "lookahead"],
         depends=["lookahead/_native.hpp"],
         language="c++",
-        extra_compile_args=["-O3", "-std=c++17", "-pthread"],
-        extra_link_args=["-pthread"],
+        extra_compile_args=compile_args,
+        extra_link_args=link_args,
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     )
 ]
@@ -21,7 +33,7 @@ setup(
     name="sglang-lookahead",
     version="0.1.0",
     description="Trie-based lookahead speculative decoding for SGLang, as a plugin",
-    long_description=open("README.md").read() if __import__("os").path.exists("README.md") else "",
+    long_description=open("README.md").read() if os.path.exists("README.md") else "",
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["lookahead", "lookahead.*"]),

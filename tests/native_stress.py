@@ -1,0 +1,104 @@
+"""Drive every native path of the cache from several threads at once.
+
+Run by ``test_sanitizers.py`` against a sanitizer build of the extension
+(ThreadSanitizer, AddressSanitizer): the sanitizers judge the native code, so
+this script only has to reach it all while the background inserter works —
+prompt indexing in chunks (32k-token prompts among them), output shares into
+a small shared ring that wraps and evicts, local stores that grow and rehash,
+drafts of both shapes, batch drafts, ``stats()`` and a ``finish()`` racing a
+draft of the same request.  It exits non-zero if the cache misbehaves.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import threading
+
+import numpy as np
+
+import lookahead._trie
+from lookahead import LookaheadCache
+
+VOCAB = 24
+
+
+def main(requests_per_worker: int = 12, workers: int = 3) -> int:
+    cache = LookaheadCache(max_memory_bytes=1 << 16, flush_tokens=16)
+    errors: list = []
+    live: dict = {}
+    live_lock = threading.Lock()
+    done = threading.Event()
+
+    def worker(w: int) -> None:
+        rng = random.Random(w)
+        try:
+            for i in range(requests_per_worker):
+                rid = (w, i)
+                size = 32_768 if i % 6 == 0 else rng.randint(0, 600)
+                prompt = np.asarray([rng.randrange(VOCAB) for _ in range(size)], np.int32)
+                cache.put_prompt(rid, prompt)
+                stream = list(prompt)
+                with live_lock:
+                    live[rid] = stream
+                for step in range(rng.randint(5, 40)):
+                    out = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 4))]
+                    cache.put_output(rid, out)
+                    stream.extend(out)
+                    draft = cache.draft(rid, stream, rng.randint(0, 12), one_branch=step % 3 == 0)
+                    if len(draft.tokens) != len(draft.parents):
+                        raise AssertionError("draft tokens and parents differ in length")
+                    if step % 8 == 0:
+                        cache.stats()
+                with live_lock:
+                    del live[rid]
+                cache.finish(rid)
+        except Exception as exc:  # reported by the main thread
+            errors.append(exc)
+
+    def racer() -> None:
+        # Drafts (single and batched) of whatever is live, finish included.
+        rng = random.Random(99)
+        try:
+            while not done.is_set():
+                with live_lock:
+                    picked = rng.sample(sorted(live), min(len(live), 3))
+                    contexts = [list(live[r][-64:]) for r in picked]
+                if not picked:
+                    continue
+                try:
+                    cache.batch_draft(picked, contexts, rng.randint(1, 8), one_branch=rng.random() < 0.5)
+                except ValueError:
+                    pass  # a request finished between the pick and the draft
+        except Exception as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(workers)]
+    race = threading.Thread(target=racer)
+    race.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    done.set()
+    race.join()
+    cache.synchronize()
+    stats = cache.stats()
+    cache.close()
+    expected = workers * requests_per_worker
+    if errors:
+        print(f"errors: {errors!r}", file=sys.stderr)
+        return 1
+    if stats["finished"] != expected or stats["active_requests"] != 0 or stats["failed_inserts"]:
+        print(f"inconsistent stats: {stats}", file=sys.stderr)
+        return 1
+    if stats["shared_bytes"] > cache.config.max_memory_bytes:
+        print(f"shared history over budget: {stats}", file=sys.stderr)
+        return 1
+    print(f"ok: {expected} requests, {stats['shared_tokens_seen']} tokens shared, "
+          f"extension {lookahead._trie.__file__}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

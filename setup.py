@@ -10,11 +10,11 @@ from setuptools import Extension, find_packages, setup
 # sanitizers, for hunting races and memory errors in the native code; run it
 # with the sanitizer's runtime in LD_PRELOAD (tests/test_sanitizers.py does).
 sanitize = os.environ.get("LOOKAHEAD_SANITIZE", "")
-compile_args = ["-O3", "-std=c++17", "-pthread"]
+compile_args = ["-std=c++17", "-pthread", "-O3"]
 link_args = ["-pthread"]
 if sanitize:
-    compile_args = ["-O1", "-g", "-fno-omit-frame-pointer", f"-fsanitize={sanitize}", "-std=c++17", "-pthread"]
-    link_args = ["-pthread", f"-fsanitize={sanitize}"]
+    compile_args[-1:] = ["-O1", "-g", "-fno-omit-frame-pointer", f"-fsanitize={sanitize}"]
+    link_args.append(f"-fsanitize={sanitize}")
 
 extensions = [
     Extension(

@@ -342,6 +342,13 @@ cdef void _apply_insert(NativeStore* s, const int32_t* tokens, int64_t count, bi
         _store_append_chunked(s, tokens, count)
 
 
+cdef struct StoreCounts:
+    int64_t n
+    int64_t n_indexed
+    int64_t cap
+    int64_t index_bytes
+
+
 cdef class TokenStore:
     """One token stream with its n-gram occurrence index.
 
@@ -443,49 +450,43 @@ cdef class TokenStore:
     # The counters below are written by the inserter thread (and by whichever
     # thread appends), so they are read under the store's shared lock: at
     # most one index chunk's wait, and never a torn or stale-by-a-grow value.
-    cdef void _counts(self, int64_t* n, int64_t* n_indexed, int64_t* cap, int64_t* index_bytes) noexcept nogil:
+    cdef StoreCounts _counts(self) noexcept nogil:
         cdef NativeStore* s = self.s
+        cdef StoreCounts c
         cdef int o
         s.mtx.lock_shared()
-        n[0] = s.n
-        n_indexed[0] = s.n_indexed
-        cap[0] = s.cap
-        index_bytes[0] = 0
+        c.n = s.n
+        c.n_indexed = s.n_indexed
+        c.cap = s.cap
+        c.index_bytes = 0
         for o in range(s.norders):
-            index_bytes[0] += s.prev[o].size() * 4 + s.head[o].size() * 4
+            c.index_bytes += s.prev[o].size() * 4 + s.head[o].size() * 4
         s.mtx.unlock_shared()
+        return c
 
     @property
     def size(self):
         """Tokens currently held (after eviction)."""
-        cdef int64_t n, n_indexed, cap, index_bytes
-        self._counts(&n, &n_indexed, &cap, &index_bytes)
-        return cap if n > cap else n
+        cdef StoreCounts c = self._counts()
+        return c.cap if c.n > c.cap else c.n
 
     @property
     def appended(self):
-        cdef int64_t n, n_indexed, cap, index_bytes
-        self._counts(&n, &n_indexed, &cap, &index_bytes)
-        return n
+        return self._counts().n
 
     @property
     def indexed(self):
-        cdef int64_t n, n_indexed, cap, index_bytes
-        self._counts(&n, &n_indexed, &cap, &index_bytes)
-        return n_indexed
+        return self._counts().n_indexed
 
     @property
     def capacity(self):
-        cdef int64_t n, n_indexed, cap, index_bytes
-        self._counts(&n, &n_indexed, &cap, &index_bytes)
-        return cap
+        return self._counts().cap
 
     @property
     def nbytes(self):
         """Bytes held by the stream and its index."""
-        cdef int64_t n, n_indexed, cap, index_bytes
-        self._counts(&n, &n_indexed, &cap, &index_bytes)
-        return cap * 4 + index_bytes
+        cdef StoreCounts c = self._counts()
+        return c.cap * 4 + c.index_bytes
 
 
 cdef class Inserter:

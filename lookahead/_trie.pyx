@@ -567,7 +567,7 @@ cdef struct DraftParams:
     double confidence      # pseudo-weight of unseen continuations (see _score_children)
     double order_norm      # divide an occurrence's weight by (hits of its order) ** order_norm
     int top_walk           # chain steps for the highest order (long verbatim matches)
-    int low_walk           # chain steps for orders <= 2, multi-branch drafts only
+    int low_walk           # chain steps for orders <= 2 in the shared ring, multi-branch drafts only
     int anchor_window      # copy re-anchoring (see _anchor): source tokens searched, 0: off
     int anchor_below       # ... when the best local match is shorter than this
     int anchor_gap         # ... skipping at most this many diverged context tokens
@@ -633,9 +633,11 @@ cdef int _gather(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftPar
     down; an occurrence found at a higher order is not added again.  The
     highest order may walk further in a request's own store (``top_walk``:
     in repetitive text the right copy source is not always among the few
-    most recent; the shared ring gains nothing from it), and so may
-    orders 1 and 2 for a multi-branch draft (``low_walk``: better frequency
-    estimates for its alternatives; a chain only wants the heaviest one).
+    most recent; the shared ring gains nothing from it), and orders 1 and 2
+    may walk further in the shared ring for a multi-branch draft
+    (``low_walk``: better frequency estimates for its alternatives, from
+    everyone's history; a request's own short contexts are mostly noise, and
+    a chain only wants the heaviest one).
     """
     cdef int o, k, j, m, steps, found = 0, prev_k, walk
     cdef int shift = 64 - s.hbits
@@ -685,7 +687,7 @@ cdef int _gather(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftPar
         walk = prm.max_walk
         if o == s.norders - 1 and prm.top_walk > walk and not s.ring:
             walk = prm.top_walk
-        if k <= 2 and not one_branch and prm.low_walk > walk:
+        if k <= 2 and not one_branch and prm.low_walk > walk and s.ring:
             walk = prm.low_walk
         while q >= base and q < s.n_indexed and steps < walk:
             steps += 1

@@ -48,7 +48,7 @@ class LookaheadConfig:
     max_match_len: int = 64  # longest context suffix compared to an occurrence
     max_walk: int = 16  # occurrences visited per order and store
     top_walk: int = 64  # ... for the highest order in a request's own store (find the right copy source)
-    low_walk: int = 32  # ... for orders 1 and 2 in multi-branch drafts (better odds for the alternatives; ~+10 µs per batch-4 step)
+    low_walk: int = 32  # ... for orders 1 and 2 of the shared history in multi-branch drafts (better odds for the alternatives)
     max_candidates: int = 64  # occurrences merged into one draft
     enough_candidates: int = 12  # stop trying shorter suffixes after this many
     match_exponent: float = 2.0  # occurrence weight = match_len ** exponent

@@ -216,7 +216,7 @@ def gather(store: RefStore, ctx: list, prm: Params, store_weight: float, cands: 
         walk = prm.max_walk
         if k == store.orders[-1] and prm.top_walk > walk and not store.ring:
             walk = prm.top_walk
-        if k <= 2 and not one_branch and prm.low_walk > walk:
+        if k <= 2 and not one_branch and prm.low_walk > walk and store.ring:
             walk = prm.low_walk
         for q in store.chain(k, slot):
             if q < base or steps >= walk:

@@ -58,7 +58,7 @@ class LookaheadConfig:
     order_norm: float = 0.0  # 1: each n-gram order weighs the same however many hits it has
     anchor_window: int = 384  # re-anchor a copy after an edit: source tokens searched (0: off)
     anchor_below: int = 4  # ... when the best match in the request's own stream is shorter
-    anchor_gap: int = 24  # ... skipping at most this many diverged context tokens
+    anchor_gap: int = 14  # ... skipping at most this many diverged context tokens
     anchor_min: int = 12  # ... behind an anchor verified over at least this many tokens
     share_outputs: bool = True  # feed outputs into the shared history
     share_prompt_tail: int = 24  # prompt tokens shared before the output, as its context (the question's end)

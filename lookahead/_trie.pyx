@@ -562,7 +562,8 @@ cdef struct DraftParams:
     int max_candidates     # occurrences merged into one draft
     int enough_candidates  # stop descending orders once this many are found
     double match_exponent  # weight of an occurrence = match_len ** match_exponent
-    double local_weight    # the request's own stream counts this much more
+    double local_weight    # the request's own stream counts this much more (trees)
+    double chain_local_weight  # ... in one-branch drafts
     int min_match          # occurrences shorter than this are ignored
     double confidence      # pseudo-weight of unseen continuations (see _score_children)
     double order_norm      # divide an occurrence's weight by (hits of its order) ** order_norm
@@ -596,7 +597,7 @@ cdef class DraftConfig:
 
     def __cinit__(self, int max_match=32, int max_walk=16, int max_candidates=32,
                   int enough_candidates=12, double match_exponent=2.0,
-                  double local_weight=4.0, int min_match=1, double confidence=0.0,
+                  double local_weight=4.0, double chain_local_weight=4.0, int min_match=1, double confidence=0.0,
                   double order_norm=0.0, int top_walk=0, int low_walk=0, int anchor_window=0,
                   int anchor_below=4, int anchor_gap=24, int anchor_min=16):
         self.p.max_match = max_match
@@ -605,6 +606,7 @@ cdef class DraftConfig:
         self.p.enough_candidates = enough_candidates
         self.p.match_exponent = match_exponent
         self.p.local_weight = local_weight
+        self.p.chain_local_weight = chain_local_weight
         self.p.min_match = min_match
         self.p.confidence = confidence
         self.p.order_norm = order_norm
@@ -729,7 +731,7 @@ cdef int _gather(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftPar
 
 
 cdef void _anchor(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftParams* prm,
-                  vector[Candidate]& cands) noexcept nogil:
+                  double store_weight, vector[Candidate]& cands) noexcept nogil:
     """Copy re-anchoring after an edit (call right after gathering ``s``, the
     request's own stream, which ``ctx`` ends; must hold ``s.mtx``).
 
@@ -814,7 +816,7 @@ cdef void _anchor(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftPa
         return
     cand.pos = best_q
     cand.match = best_mq + best_am
-    cand.weight = prm.local_weight * _powi(<double>cand.match, prm.match_exponent)
+    cand.weight = store_weight * _powi(<double>cand.match, prm.match_exponent)
     for c in range(cands.size()):
         if cands[c].pos == best_q:
             cands[c] = cand
@@ -945,6 +947,9 @@ cdef void _draft(NativeStore* local, NativeStore* shared,
     cdef TrieNode root
     cdef size_t c
     cdef int depth = budget
+    # A chain bets on one continuation, and the request's own text is the
+    # likelier single one; a tree also wants the shared alternatives.
+    cdef double local_weight = prm.chain_local_weight if one_branch else prm.local_weight
     cands.clear()
     nodes.clear()
     root.token = -1
@@ -961,9 +966,9 @@ cdef void _draft(NativeStore* local, NativeStore* shared,
     # than waited for; after synchronize() no writer holds one, so drafts
     # stay deterministic.
     if local != NULL and local.mtx.try_lock_shared():
-        _gather(local, ctx, ctx_len, prm, prm.local_weight, one_branch, cands)
+        _gather(local, ctx, ctx_len, prm, local_weight, one_branch, cands)
         if prm.anchor_window > 0:
-            _anchor(local, ctx, ctx_len, prm, cands)
+            _anchor(local, ctx, ctx_len, prm, local_weight, cands)
         for c in range(cands.size()):
             _merge(local, &cands[c], depth, nodes)
         local.mtx.unlock_shared()

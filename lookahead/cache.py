@@ -52,7 +52,8 @@ class LookaheadConfig:
     max_candidates: int = 64  # occurrences merged into one draft
     enough_candidates: int = 12  # stop trying shorter suffixes after this many
     match_exponent: float = 2.0  # occurrence weight = match_len ** exponent
-    local_weight: float = 4.0  # the request's own stream weighs this much more
+    local_weight: float = 4.0  # the request's own stream weighs this much more (trees)
+    chain_local_weight: float = 6.0  # ... in one-branch drafts (a chain wants the likeliest single continuation)
     min_match_len: int = 1  # ignore occurrences matching fewer tokens
     confidence: float = 8.0  # pseudo-weight discounting branches seen few times
     order_norm: float = 0.0  # 1: each n-gram order weighs the same however many hits it has
@@ -86,8 +87,8 @@ class LookaheadConfig:
         if len(orders) > 8:
             raise ValueError(f"at most 8 n-gram orders are supported, got {len(orders)}")
         object.__setattr__(self, "orders", orders)
-        if self.match_exponent < 0 or self.local_weight <= 0 or self.confidence < 0:
-            raise ValueError("match_exponent and confidence must be >= 0, local_weight > 0")
+        if self.match_exponent < 0 or self.local_weight <= 0 or self.chain_local_weight <= 0 or self.confidence < 0:
+            raise ValueError("match_exponent and confidence must be >= 0, local_weight and chain_local_weight > 0")
         if self.share_prompt_tail < 0:
             raise ValueError(f"share_prompt_tail must be >= 0, got {self.share_prompt_tail}")
         if self.vocab_size is not None and (not isinstance(self.vocab_size, int) or self.vocab_size < 1):
@@ -136,6 +137,7 @@ class LookaheadCache:
             enough_candidates=config.enough_candidates,
             match_exponent=config.match_exponent,
             local_weight=config.local_weight,
+            chain_local_weight=config.chain_local_weight,
             min_match=config.min_match_len,
             confidence=config.confidence,
             order_norm=config.order_norm,

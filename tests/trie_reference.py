@@ -19,7 +19,8 @@ ring of ``cap`` tokens: positions below ``n - cap`` are evicted.
 Drafting one request after ``context`` (only its last ``max_match_len`` ids):
 
 1. *Gather*, per store (the request's own store first, weighted
-   ``local_weight``, then the shared history, weighted 1.0): for each order
+   ``local_weight``, or ``chain_local_weight`` for a one-branch draft, then
+   the shared history, weighted 1.0): for each order
    ``k`` from the highest down (skipping ``k > len(ctx)`` and
    ``k < min_match_len``), walk the chain of the slot of the context's last
    ``k`` ids, most recent first, at most ``max_walk`` steps (every chain
@@ -175,6 +176,7 @@ class Params:
     enough_candidates: int = 16
     match_exponent: float = 2.0
     local_weight: float = 4.0
+    chain_local_weight: float = 4.0
     min_match: int = 1
     confidence: float = 0.0
     order_norm: float = 0.0
@@ -192,7 +194,8 @@ class Params:
     def from_config(cls, cfg) -> "Params":
         return cls(max_match=cfg.max_match_len, max_walk=cfg.max_walk, max_candidates=cfg.max_candidates,
                    enough_candidates=cfg.enough_candidates, match_exponent=cfg.match_exponent,
-                   local_weight=cfg.local_weight, min_match=cfg.min_match_len,
+                   local_weight=cfg.local_weight, chain_local_weight=cfg.chain_local_weight,
+                   min_match=cfg.min_match_len,
                    confidence=cfg.confidence, order_norm=cfg.order_norm, top_walk=cfg.top_walk,
                    low_walk=cfg.low_walk, anchor_window=cfg.anchor_window, anchor_below=cfg.anchor_below,
                    anchor_gap=cfg.anchor_gap, anchor_min=cfg.anchor_min)
@@ -242,7 +245,7 @@ def gather(store: RefStore, ctx: list, prm: Params, store_weight: float, cands: 
     return found
 
 
-def anchor(store: RefStore, ctx: list, prm: Params, cands: list) -> None:
+def anchor(store: RefStore, ctx: list, prm: Params, weight: float, cands: list) -> None:
     """Copy re-anchoring after an edit (the request's own store, which the
     context ends): see ``_anchor`` in the native code."""
     m_best = max((c.match for c in cands), default=0)
@@ -284,7 +287,7 @@ def anchor(store: RefStore, ctx: list, prm: Params, cands: list) -> None:
     if best_q < 0:
         return
     match = best_mq + best_am
-    cand = Candidate(best_q, match, prm.local_weight * _pow(float(match), prm.match_exponent))
+    cand = Candidate(best_q, match, weight * _pow(float(match), prm.match_exponent))
     for i, c in enumerate(cands):
         if c.pos == best_q:
             cands[i] = cand
@@ -360,9 +363,10 @@ def draft(local: RefStore | None, shared: RefStore | None, context, budget: int,
     nodes = [Node(-1, -1, score=1.0)]
     cands: list[Candidate] = []
     if local is not None:
-        gather(local, ctx, prm, prm.local_weight, cands, one_branch)
+        local_weight = prm.chain_local_weight if one_branch else prm.local_weight
+        gather(local, ctx, prm, local_weight, cands, one_branch)
         if prm.anchor_window > 0:
-            anchor(local, ctx, prm, cands)
+            anchor(local, ctx, prm, local_weight, cands)
         for c in cands:
             merge(local, c, budget, nodes)
     first_shared = len(cands)

@@ -5,8 +5,9 @@ Run by ``test_sanitizers.py`` against a sanitizer build of the extension
 this script only has to reach it all while the background inserter works —
 prompt indexing in chunks (32k-token prompts among them), output shares into
 a small shared ring that wraps and evicts, local stores that grow and rehash,
-drafts of both shapes, batch drafts, ``stats()`` and a ``finish()`` racing a
-draft of the same request.  It exits non-zero if the cache misbehaves.
+drafts of both shapes, batch drafts, ``stats()``, a ``finish()`` racing a
+draft of the same request, and requests aborted while their prompt is still
+being indexed.  It exits non-zero if the cache misbehaves.
 """
 
 from __future__ import annotations
@@ -53,6 +54,14 @@ def main(requests_per_worker: int = 12, workers: int = 3) -> int:
                 with live_lock:
                     del live[rid]
                 cache.finish(rid)
+                # A request aborted right after arriving: its store is dropped
+                # while the inserter may still be indexing (or has yet to start
+                # on) its prompt.
+                gone = ("aborted", w, i)
+                cache.put_prompt(gone, prompt[: rng.randint(0, len(prompt))])
+                if i % 2:
+                    cache.put_output(gone, [rng.randrange(VOCAB)])
+                cache.finish(gone)
         except Exception as exc:  # reported by the main thread
             errors.append(exc)
 
@@ -85,7 +94,7 @@ def main(requests_per_worker: int = 12, workers: int = 3) -> int:
     cache.synchronize()
     stats = cache.stats()
     cache.close()
-    expected = workers * requests_per_worker
+    expected = 2 * workers * requests_per_worker
     if errors:
         print(f"errors: {errors!r}", file=sys.stderr)
         return 1

@@ -342,6 +342,13 @@ cdef void _apply_insert(NativeStore* s, const int32_t* tokens, int64_t count, bi
         _store_append_chunked(s, tokens, count)
 
 
+cdef struct CopyCursor:
+    # Which copy a request's drafts are following (see _follow_copy).
+    int64_t n      # the request's stream length at its last draft (-1: none yet)
+    int64_t used   # the source position that draft looked at (-1: none)
+    int64_t src    # where that draft's heaviest own-stream occurrence ended (-1: none)
+
+
 cdef struct StoreCounts:
     int64_t n
     int64_t n_indexed
@@ -364,6 +371,7 @@ cdef class TokenStore:
 
     cdef StorePtr ptr
     cdef NativeStore* s
+    cdef CopyCursor cursor   # read and written by drafts, with the GIL held
 
     def __cinit__(self, int64_t capacity, bint ring, orders):
         cdef int i
@@ -378,6 +386,7 @@ cdef class TokenStore:
                 raise ValueError(f"n-gram orders must be positive and increasing, got {list(orders)}")
         self.ptr = make_shared[NativeStore]()
         self.s = self.ptr.get()
+        self.cursor.n = self.cursor.used = self.cursor.src = -1
         _store_init(self.s, capacity, ring, len(orders), c_orders)
 
     # -- Python-facing helpers (validation happens in lookahead.cache) -------
@@ -573,6 +582,7 @@ cdef struct DraftParams:
     int anchor_below       # ... when the best local match is shorter than this
     int anchor_gap         # ... skipping at most this many diverged context tokens
     int anchor_min         # ... after a verified anchor match of at least this many
+    double copy_boost      # weight multiplier of the copy being followed (see _follow_copy), 0: off
 
 
 cdef struct Candidate:
@@ -599,7 +609,7 @@ cdef class DraftConfig:
                   int enough_candidates=12, double match_exponent=2.0,
                   double local_weight=4.0, double chain_local_weight=4.0, int min_match=1, double confidence=0.0,
                   double order_norm=0.0, int top_walk=0, int low_walk=0, int anchor_window=0,
-                  int anchor_below=4, int anchor_gap=24, int anchor_min=16):
+                  int anchor_below=4, int anchor_gap=24, int anchor_min=16, double copy_boost=0.0):
         self.p.max_match = max_match
         self.p.max_walk = max_walk
         self.p.max_candidates = min(max_candidates, MAX_CANDIDATES_LIMIT)
@@ -616,6 +626,7 @@ cdef class DraftConfig:
         self.p.anchor_below = anchor_below
         self.p.anchor_gap = anchor_gap
         self.p.anchor_min = anchor_min
+        self.p.copy_boost = copy_boost
 
 
 cdef inline double _powi(double base, double e) noexcept nogil:
@@ -824,6 +835,57 @@ cdef void _anchor(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftPa
     cands.push_back(cand)
 
 
+cdef void _follow_copy(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftParams* prm,
+                       double store_weight, CopyCursor* cur, vector[Candidate]& cands) noexcept nogil:
+    """Prefer the copy being followed (call after gathering ``s``, the
+    request's own stream, which ``ctx`` ends; must hold ``s.mtx``).
+
+    Text that is copied (a file being edited, a quoted document) often
+    repeats inside its source: the same line in several methods, the same
+    phrase in several paragraphs.  Then several occurrences match the context
+    equally far back, and their summed weight can outvote the one the output
+    is actually copying.  The previous draft's heaviest occurrence tells
+    where that copy is; advanced by the tokens accepted since, it is where
+    the copy goes on if it did.  When that position matches the context at
+    least as far back as every other occurrence, its weight is multiplied by
+    ``copy_boost``.  A draft repeated on an unchanged stream looks at the
+    same position again, so it gives the same draft.
+    """
+    cdef int64_t n = s.n
+    cdef int64_t q = -1
+    cdef int m = 0, m_best = 0
+    cdef size_t c
+    cdef Candidate cand
+    cdef double heaviest = -1.0
+    if n == cur.n:
+        q = cur.used
+    elif cur.src >= 0 and n > cur.n:
+        q = cur.src + (n - cur.n)
+    cur.n = n
+    cur.used = q
+    if q >= 0 and q + 1 < n and s.tok[(q + 1) & s.mask] >= 0:
+        while m < prm.max_match and m < ctx_len and q - m >= 0 and s.tok[(q - m) & s.mask] == ctx[ctx_len - 1 - m]:
+            m += 1
+        for c in range(cands.size()):
+            if cands[c].match > m_best:
+                m_best = cands[c].match
+        if m > 0 and m >= m_best:
+            for c in range(cands.size()):
+                if cands[c].pos == q:
+                    cands[c].weight *= prm.copy_boost
+                    break
+            else:
+                cand.pos = q
+                cand.match = m
+                cand.weight = prm.copy_boost * store_weight * _powi(<double>m, prm.match_exponent)
+                cands.push_back(cand)
+    cur.src = -1
+    for c in range(cands.size()):
+        if cands[c].weight > heaviest:
+            heaviest = cands[c].weight
+            cur.src = cands[c].pos
+
+
 cdef int32_t _child(vector[TrieNode]& nodes, int32_t parent, int32_t token) noexcept nogil:
     cdef int32_t c = nodes[parent].first_child
     while c >= 0:
@@ -942,8 +1004,9 @@ cdef void _select(vector[TrieNode]& nodes, int budget, bint one_branch, double c
 
 cdef void _draft(NativeStore* local, NativeStore* shared,
                  const int32_t* ctx, int ctx_len, int budget, bint one_branch,
-                 const DraftParams* prm, vector[Candidate]& cands, vector[TrieNode]& nodes,
-                 vector[int32_t]& out_tokens, vector[int32_t]& out_parents) noexcept nogil:
+                 const DraftParams* prm, CopyCursor* cursor, vector[Candidate]& cands,
+                 vector[TrieNode]& nodes, vector[int32_t]& out_tokens,
+                 vector[int32_t]& out_parents) noexcept nogil:
     cdef TrieNode root
     cdef size_t c
     cdef int depth = budget
@@ -969,6 +1032,8 @@ cdef void _draft(NativeStore* local, NativeStore* shared,
         _gather(local, ctx, ctx_len, prm, local_weight, one_branch, cands)
         if prm.anchor_window > 0:
             _anchor(local, ctx, ctx_len, prm, local_weight, cands)
+        if prm.copy_boost > 0:
+            _follow_copy(local, ctx, ctx_len, prm, local_weight, cursor, cands)
         for c in range(cands.size()):
             _merge(local, &cands[c], depth, nodes)
         local.mtx.unlock_shared()
@@ -1003,10 +1068,17 @@ cdef class Drafter:
             return [], []
         cdef NativeStore* local_s = local.s if local is not None else NULL
         cdef NativeStore* shared_s = shared.s if shared is not None else NULL
+        # The request's copy cursor goes in and out by value, under the GIL.
+        cdef CopyCursor cursor
+        cursor.n = cursor.used = cursor.src = -1
+        if local is not None:
+            cursor = local.cursor
         with nogil:
             _draft(local_s, shared_s, self.ctx.data(), self.ctx.size(), budget,
-                   one_branch, &config.p, self.cands, self.nodes,
+                   one_branch, &config.p, &cursor, self.cands, self.nodes,
                    self.out_tokens, self.out_parents)
+        if local is not None:
+            local.cursor = cursor
         self.drafts += 1
         self.drafted += self.out_tokens.size()
         return list(self.out_tokens), list(self.out_parents)

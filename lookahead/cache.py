@@ -61,6 +61,7 @@ class LookaheadConfig:
     anchor_below: int = 4  # ... when the best match in the request's own stream is shorter
     anchor_gap: int = 14  # ... skipping at most this many diverged context tokens
     anchor_min: int = 12  # ... behind an anchor verified over at least this many tokens
+    copy_boost: float = 4.0  # weight of the copy the request's drafts are following, among equally long matches (0: off)
     share_outputs: bool = True  # feed outputs into the shared history
     share_prompt_tail: int = 24  # prompt tokens shared before the output, as its context (the question's end)
     flush_tokens: int = 128  # share a running request's output every this many tokens
@@ -89,6 +90,8 @@ class LookaheadConfig:
         object.__setattr__(self, "orders", orders)
         if self.match_exponent < 0 or self.local_weight <= 0 or self.chain_local_weight <= 0 or self.confidence < 0:
             raise ValueError("match_exponent and confidence must be >= 0, local_weight and chain_local_weight > 0")
+        if not self.copy_boost >= 0:
+            raise ValueError(f"copy_boost must be >= 0, got {self.copy_boost!r}")
         if self.share_prompt_tail < 0:
             raise ValueError(f"share_prompt_tail must be >= 0, got {self.share_prompt_tail}")
         if self.vocab_size is not None and (not isinstance(self.vocab_size, int) or self.vocab_size < 1):
@@ -147,6 +150,7 @@ class LookaheadCache:
             anchor_below=config.anchor_below,
             anchor_gap=config.anchor_gap,
             anchor_min=config.anchor_min,
+            copy_boost=config.copy_boost,
         )
         self._max_id = MAX_TOKEN_ID if config.vocab_size is None else config.vocab_size - 1
         self._shared = TokenStore(config.shared_capacity, True, config.orders)

@@ -118,6 +118,7 @@ RANDOM_CONFIG = st.fixed_dictionaries({
     "match_exponent": st.sampled_from([0.0, 1.0, 1.5, 2.0, 3.0]),
     "local_weight": st.sampled_from([0.5, 1.0, 4.0]),
     "chain_local_weight": st.sampled_from([0.5, 4.0, 6.0]),
+    "copy_boost": st.sampled_from([0.0, 0.5, 4.0]),
     "min_match_len": st.sampled_from([1, 1, 2, 3, 4]),
     "confidence": st.sampled_from([0.0, 1.0, 8.0]),
     "order_norm": st.sampled_from([0.0, 0.5, 1.0]),
@@ -904,6 +905,8 @@ def test_huge_budget_is_a_clean_error_or_works():
     ({"match_exponent": -1.0}, "match_exponent"),
     ({"local_weight": 0.0}, "local_weight"),
     ({"chain_local_weight": -1.0}, "chain_local_weight"),
+    ({"copy_boost": -1.0}, "copy_boost"),
+    ({"copy_boost": float("nan")}, "copy_boost"),
     ({"confidence": -0.5}, "confidence"),
     ({"share_prompt_tail": -1}, "share_prompt_tail"),
     ({"vocab_size": 0}, "vocab_size"),
@@ -980,6 +983,30 @@ def test_copy_resumes_at_its_source_after_an_edit():
             cache.synchronize()
             # The tie of 1-token matches goes to the most recent occurrence.
             assert cache.draft("edit", source + [1] + edited, 4, one_branch).tokens[0] == source[102]
+
+
+def test_drafts_follow_the_copy_being_made():
+    """A block recurs four times in the source, three times followed by the
+    same tokens; the output, after an edit, copies the fourth occurrence.  On
+    match weight alone the three outvote it; the copy cursor, which has
+    followed the fourth occurrence token by token, keeps the draft on it."""
+    block = list(range(100, 125))
+    usual, fourth = [200, 201, 202, 203], [300, 301, 302, 303]
+    prompt = ([1, 11] + block + usual + [2, 12] + block + usual + [3, 13] + block + usual
+              + [4, 14] + block + fourth + [5])
+    output = [9, 14] + block  # 9: the edit, where the source has 4
+    for copy_boost, expected in ((0.0, usual), (4.0, fourth)):
+        with open_cache(max_memory_bytes=1 << 20, copy_boost=copy_boost) as cache:
+            cache.put_prompt("r", prompt)
+            cache.synchronize()
+            context = list(prompt)
+            for token in output:  # one token per step and a draft after each, as in serving
+                cache.put_output("r", [token])
+                context.append(token)
+                draft = cache.draft("r", context, 4, one_branch=True)
+            assert draft.tokens == expected
+            # The same draft again (no new tokens) gives the same answer.
+            assert cache.draft("r", context, 4, one_branch=True).tokens == expected
 
 
 def test_reference_on_copies_with_edits():

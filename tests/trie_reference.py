@@ -97,6 +97,7 @@ class RefStore:
         self.toks: list[int] = []  # every token ever appended (the ring hides the old ones)
         self._slots: dict = {}  # (order, hbits) -> {slot: [positions, ascending]}
         self._indexed: dict = {}  # (order, hbits) -> positions indexed so far
+        self.cursor = (-1, -1, -1)  # copy cursor of a request's store: (n, used, src), see follow_copy
 
     @property
     def n(self) -> int:
@@ -186,6 +187,7 @@ class Params:
     anchor_below: int = 4
     anchor_gap: int = 24
     anchor_min: int = 16
+    copy_boost: float = 0.0
 
     def __post_init__(self):
         self.max_candidates = min(self.max_candidates, MAX_CANDIDATES_LIMIT)
@@ -198,7 +200,7 @@ class Params:
                    min_match=cfg.min_match_len,
                    confidence=cfg.confidence, order_norm=cfg.order_norm, top_walk=cfg.top_walk,
                    low_walk=cfg.low_walk, anchor_window=cfg.anchor_window, anchor_below=cfg.anchor_below,
-                   anchor_gap=cfg.anchor_gap, anchor_min=cfg.anchor_min)
+                   anchor_gap=cfg.anchor_gap, anchor_min=cfg.anchor_min, copy_boost=cfg.copy_boost)
 
 
 def gather(store: RefStore, ctx: list, prm: Params, store_weight: float, cands: list,
@@ -318,6 +320,28 @@ def merge(store: RefStore, cand: Candidate, depth: int, nodes: list) -> None:
         q += 1
 
 
+def follow_copy(store: RefStore, ctx: list, prm: Params, weight: float, cands: list) -> None:
+    """Prefer the copy being followed (the request's own store): see
+    ``_follow_copy`` in the native code."""
+    n = store.n
+    last_n, used, src = store.cursor
+    q = used if n == last_n else (src + n - last_n if src >= 0 and n > last_n else -1)
+    toks = store.toks
+    if q >= 0 and q + 1 < n and toks[q + 1] >= 0:
+        m = 0
+        while m < prm.max_match and m < len(ctx) and q - m >= 0 and toks[q - m] == ctx[-1 - m]:
+            m += 1
+        if m > 0 and m >= max((c.match for c in cands), default=0):
+            for c in cands:
+                if c.pos == q:
+                    c.weight *= prm.copy_boost
+                    break
+            else:
+                cands.append(Candidate(q, m, prm.copy_boost * weight * _pow(float(m), prm.match_exponent)))
+    heaviest = max(cands, key=lambda c: c.weight, default=None)  # ties: the first found
+    store.cursor = (n, q, heaviest.pos if heaviest is not None else -1)
+
+
 def select(nodes: list, budget: int, one_branch: bool, confidence: float) -> tuple[list, list]:
     tokens, parents = [], []
     if budget <= 0 or len(nodes) <= 1:
@@ -367,6 +391,8 @@ def draft(local: RefStore | None, shared: RefStore | None, context, budget: int,
         gather(local, ctx, prm, local_weight, cands, one_branch)
         if prm.anchor_window > 0:
             anchor(local, ctx, prm, local_weight, cands)
+        if prm.copy_boost > 0:
+            follow_copy(local, ctx, prm, local_weight, cands)
         for c in cands:
             merge(local, c, budget, nodes)
     first_shared = len(cands)

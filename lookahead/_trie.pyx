@@ -583,6 +583,7 @@ cdef struct DraftParams:
     int anchor_gap         # ... skipping at most this many diverged context tokens
     int anchor_min         # ... after a verified anchor match of at least this many
     double copy_boost      # weight multiplier of the copy being followed (see _follow_copy), 0: off
+    int wildcard_tokens    # an unmatched context: draft past its last 1..this many tokens as if they were any (0: off)
 
 
 cdef struct Candidate:
@@ -609,7 +610,8 @@ cdef class DraftConfig:
                   int enough_candidates=12, double match_exponent=2.0,
                   double local_weight=4.0, double chain_local_weight=4.0, int min_match=1, double confidence=0.0,
                   double order_norm=0.0, int top_walk=0, int low_walk=0, int anchor_window=0,
-                  int anchor_below=4, int anchor_gap=24, int anchor_min=16, double copy_boost=0.0):
+                  int anchor_below=4, int anchor_gap=24, int anchor_min=16, double copy_boost=0.0,
+                  int wildcard_tokens=0):
         self.p.max_match = max_match
         self.p.max_walk = max_walk
         self.p.max_candidates = min(max_candidates, MAX_CANDIDATES_LIMIT)
@@ -627,6 +629,7 @@ cdef class DraftConfig:
         self.p.anchor_gap = anchor_gap
         self.p.anchor_min = anchor_min
         self.p.copy_boost = copy_boost
+        self.p.wildcard_tokens = wildcard_tokens
 
 
 cdef inline double _powi(double base, double e) noexcept nogil:
@@ -1043,7 +1046,43 @@ cdef void _draft(NativeStore* local, NativeStore* shared,
         for c in range(first_shared, cands.size()):
             _merge(shared, &cands[c], depth, nodes)
         shared.mtx.unlock_shared()
+    # Nothing matched: the context ends in a token never seen before (a new
+    # name, a rare word piece).  What follows it is often what followed the
+    # tokens before it elsewhere, whatever came in between.
+    cdef int skip = 1
+    while nodes.size() == 1 and skip <= prm.wildcard_tokens and skip < ctx_len:
+        cands.clear()
+        if local != NULL and local.mtx.try_lock_shared():
+            _gather_past(local, ctx, ctx_len, skip, prm, local_weight, one_branch, depth, cands, nodes)
+            local.mtx.unlock_shared()
+        if shared != NULL and <int>cands.size() < prm.max_candidates and shared.mtx.try_lock_shared():
+            _gather_past(shared, ctx, ctx_len, skip, prm, 1.0, one_branch, depth, cands, nodes)
+            shared.mtx.unlock_shared()
+        skip += 1
     _select(nodes, budget, one_branch, prm.confidence, out_tokens, out_parents)
+
+
+cdef void _gather_past(NativeStore* s, const int32_t* ctx, int ctx_len, int skip, const DraftParams* prm,
+                       double store_weight, bint one_branch, int depth, vector[Candidate]& cands,
+                       vector[TrieNode]& nodes) noexcept nogil:
+    """Merge the continuations of the context's suffixes that end ``skip``
+    tokens before its end, each ``skip`` tokens further on: a draft past
+    tokens that match nothing (must hold ``s.mtx``).  An occurrence is
+    dropped when a separator falls within the skipped tokens."""
+    cdef size_t first = cands.size()
+    cdef size_t c
+    cdef int j
+    cdef bint whole
+    _gather(s, ctx, ctx_len - skip, prm, store_weight, one_branch, cands)
+    for c in range(first, cands.size()):
+        whole = True
+        for j in range(1, skip + 1):
+            if cands[c].pos + j >= s.n or s.tok[(cands[c].pos + j) & s.mask] < 0:
+                whole = False
+                break
+        if whole:
+            cands[c].pos += skip
+            _merge(s, &cands[c], depth, nodes)
 
 
 cdef class Drafter:

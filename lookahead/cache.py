@@ -62,6 +62,7 @@ class LookaheadConfig:
     anchor_gap: int = 14  # ... skipping at most this many diverged context tokens
     anchor_min: int = 12  # ... behind an anchor verified over at least this many tokens
     copy_boost: float = 4.0  # weight of the copy the request's drafts are following, among equally long matches (0: off)
+    wildcard_tokens: int = 2  # nothing matches the context: draft past its last 1, then 2 tokens as if they were any (0: off)
     share_outputs: bool = True  # feed outputs into the shared history
     share_prompt_tail: int = 24  # prompt tokens shared before the output, as its context (the question's end)
     flush_tokens: int = 128  # share a running request's output every this many tokens
@@ -78,8 +79,10 @@ class LookaheadConfig:
                      "enough_candidates", "min_match_len", "flush_tokens", "top_walk", "low_walk",
                      "anchor_below", "anchor_gap", "anchor_min"):
             positive(name)
-        if isinstance(self.anchor_window, bool) or not isinstance(self.anchor_window, int) or self.anchor_window < 0:
-            raise ValueError(f"anchor_window must be a non-negative integer, got {self.anchor_window!r}")
+        for name in ("anchor_window", "wildcard_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
         if self.max_memory_bytes < 1 << 16:
             raise ValueError(f"max_memory_bytes must be at least 64 KiB, got {self.max_memory_bytes}")
         orders = tuple(self.orders)
@@ -151,6 +154,7 @@ class LookaheadCache:
             anchor_gap=config.anchor_gap,
             anchor_min=config.anchor_min,
             copy_boost=config.copy_boost,
+            wildcard_tokens=config.wildcard_tokens,
         )
         self._max_id = MAX_TOKEN_ID if config.vocab_size is None else config.vocab_size - 1
         self._shared = TokenStore(config.shared_capacity, True, config.orders)

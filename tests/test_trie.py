@@ -91,16 +91,24 @@ def _joined(stream) -> str:
     return "," + ",".join(map(str, stream)) + ","
 
 
-def check_paths_in_history(draft, context, streams) -> None:
+def check_paths_in_history(draft, context, streams, wildcard_tokens: int = 2) -> None:
     """Every root path of the draft continues an occurrence of the context's
-    last token somewhere in what was fed (a request's prompt + outputs)."""
+    last token somewhere in what was fed (a request's prompt + outputs), or
+    (a draft past tokens that matched nothing) an occurrence of the token
+    ``skip`` <= ``wildcard_tokens`` places before it, ``skip`` tokens on."""
     if not len(draft[0]):
         return
     last = int(context[-1])
     haystacks = [_joined(s) for s in streams]
     for path in leaf_paths(*draft):
         needle = _joined([last] + path)
-        assert any(needle in h for h in haystacks), f"draft path {path} after {last} was never fed"
+        if any(needle in h for h in haystacks):
+            continue
+        assert any(
+            any(h[i] == int(context[-1 - skip]) and h[i + 1 + skip: i + 1 + skip + len(path)] == path
+                for h in streams for i in range(len(h) - skip - len(path)))
+            for skip in range(1, min(wildcard_tokens, len(context) - 1) + 1)
+        ), f"draft path {path} after {last} (never seen) continues no occurrence of the tokens before it"
 
 
 # ---------------------------------------------------------------------------
@@ -119,6 +127,7 @@ RANDOM_CONFIG = st.fixed_dictionaries({
     "local_weight": st.sampled_from([0.5, 1.0, 4.0]),
     "chain_local_weight": st.sampled_from([0.5, 4.0, 6.0]),
     "copy_boost": st.sampled_from([0.0, 0.5, 4.0]),
+    "wildcard_tokens": st.sampled_from([0, 1, 2, 3]),
     "min_match_len": st.sampled_from([1, 1, 2, 3, 4]),
     "confidence": st.sampled_from([0.0, 1.0, 8.0]),
     "order_norm": st.sampled_from([0.0, 0.5, 1.0]),
@@ -202,7 +211,7 @@ def run_against_reference(data, config_kwargs: dict, max_ops: int = 40) -> int:
                         f"differs from the reference: {d} != {want}")
                     check_draft(d, budget, one_branch)
                     if ctx:
-                        check_paths_in_history(d, ctx, history)
+                        check_paths_in_history(d, ctx, history, cfg.wildcard_tokens)
                     nonempty += bool(d.tokens)
     return nonempty
 
@@ -907,6 +916,8 @@ def test_huge_budget_is_a_clean_error_or_works():
     ({"chain_local_weight": -1.0}, "chain_local_weight"),
     ({"copy_boost": -1.0}, "copy_boost"),
     ({"copy_boost": float("nan")}, "copy_boost"),
+    ({"wildcard_tokens": -1}, "wildcard_tokens"),
+    ({"wildcard_tokens": 1.5}, "wildcard_tokens"),
     ({"confidence": -0.5}, "confidence"),
     ({"share_prompt_tail": -1}, "share_prompt_tail"),
     ({"vocab_size": 0}, "vocab_size"),
@@ -1007,6 +1018,28 @@ def test_drafts_follow_the_copy_being_made():
             assert draft.tokens == expected
             # The same draft again (no new tokens) gives the same answer.
             assert cache.draft("r", context, 4, one_branch=True).tokens == expected
+
+
+def test_draft_past_tokens_never_seen():
+    """A context ending in a token seen nowhere (a new name) still gets the
+    draft that followed the tokens before it, one token on; two new tokens
+    need ``wildcard_tokens`` 2.  With 0 nothing is drafted."""
+    prompt = [7, 1, 2, 3, 50, 4, 5, 6, 8, 11, 12, 13, 60, 61, 40, 41, 42, 9]
+    for one_branch in (False, True):
+        for context, wildcard_tokens, expected in (
+            ([1, 2, 3, 99], 1, [4, 5, 6]),     # 99 stands where 50 was: go on after 50
+            ([1, 2, 3, 99], 0, []),
+            ([11, 12, 13, 98, 99], 1, []),     # two new tokens
+            ([11, 12, 13, 98, 99], 2, [40, 41, 42]),  # ... stand where 60, 61 were
+        ):
+            with open_cache(max_memory_bytes=1 << 20, wildcard_tokens=wildcard_tokens) as cache:
+                cache.put_prompt("r", prompt)
+                cache.put_output("r", context)
+                cache.synchronize()
+                draft = cache.draft("r", prompt + context, 3, one_branch)
+                assert draft.tokens == expected, (context, wildcard_tokens, one_branch, draft)
+                if expected:
+                    assert draft.parents == [-1, 0, 1]
 
 
 def test_reference_on_copies_with_edits():

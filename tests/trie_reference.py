@@ -41,6 +41,12 @@ Drafting one request after ``context`` (only its last ``max_match_len`` ids):
    of the stream): every node on the path gains the occurrence's weight, and
    so does the root when the continuation is non-empty.  A new node is
    numbered after all existing ones and becomes its parent's *first* child.
+   If nothing was merged (the context's last token occurs nowhere with a
+   continuation), try again for ``skip`` = 1, 2, ... ``wildcard_tokens``
+   until something is: gather the occurrences of the context without its
+   last ``skip`` tokens (from each store as in step 1, candidates counted
+   afresh) and merge, for each whose next ``skip`` tokens exist and hold no
+   separator, the continuation after those ``skip`` tokens.
 3. *Select*:
    * one branch: from the root, repeatedly step to the heaviest child (ties:
      the lower node number) until ``budget`` tokens or a leaf;
@@ -188,6 +194,7 @@ class Params:
     anchor_gap: int = 24
     anchor_min: int = 16
     copy_boost: float = 0.0
+    wildcard_tokens: int = 0
 
     def __post_init__(self):
         self.max_candidates = min(self.max_candidates, MAX_CANDIDATES_LIMIT)
@@ -200,7 +207,8 @@ class Params:
                    min_match=cfg.min_match_len,
                    confidence=cfg.confidence, order_norm=cfg.order_norm, top_walk=cfg.top_walk,
                    low_walk=cfg.low_walk, anchor_window=cfg.anchor_window, anchor_below=cfg.anchor_below,
-                   anchor_gap=cfg.anchor_gap, anchor_min=cfg.anchor_min, copy_boost=cfg.copy_boost)
+                   anchor_gap=cfg.anchor_gap, anchor_min=cfg.anchor_min, copy_boost=cfg.copy_boost,
+                   wildcard_tokens=cfg.wildcard_tokens)
 
 
 def gather(store: RefStore, ctx: list, prm: Params, store_weight: float, cands: list,
@@ -386,8 +394,8 @@ def draft(local: RefStore | None, shared: RefStore | None, context, budget: int,
         return [], []
     nodes = [Node(-1, -1, score=1.0)]
     cands: list[Candidate] = []
+    local_weight = prm.chain_local_weight if one_branch else prm.local_weight
     if local is not None:
-        local_weight = prm.chain_local_weight if one_branch else prm.local_weight
         gather(local, ctx, prm, local_weight, cands, one_branch)
         if prm.anchor_window > 0:
             anchor(local, ctx, prm, local_weight, cands)
@@ -400,7 +408,28 @@ def draft(local: RefStore | None, shared: RefStore | None, context, budget: int,
         gather(shared, ctx, prm, 1.0, cands, one_branch)
         for c in cands[first_shared:]:
             merge(shared, c, budget, nodes)
+    # Nothing matched: draft past the context's last 1, 2, ... tokens.
+    skip = 1
+    while len(nodes) == 1 and skip <= prm.wildcard_tokens and skip < len(ctx):
+        cands = []
+        if local is not None:
+            gather_past(local, ctx, skip, prm, local_weight, cands, one_branch, budget, nodes)
+        if shared is not None and len(cands) < prm.max_candidates:
+            gather_past(shared, ctx, skip, prm, 1.0, cands, one_branch, budget, nodes)
+        skip += 1
     return select(nodes, budget, one_branch, prm.confidence)
+
+
+def gather_past(store: RefStore, ctx: list, skip: int, prm: Params, weight: float, cands: list,
+                one_branch: bool, depth: int, nodes: list) -> None:
+    """Occurrences of the context minus its last ``skip`` tokens, continued
+    ``skip`` tokens further on (none of them a separator), merged."""
+    first = len(cands)
+    gather(store, ctx[:-skip], prm, weight, cands, one_branch)
+    for c in cands[first:]:
+        if all(c.pos + j < store.n and store.toks[c.pos + j] >= 0 for j in range(1, skip + 1)):
+            c.pos += skip
+            merge(store, c, depth, nodes)
 
 
 # ---------------------------------------------------------------------------

@@ -583,6 +583,7 @@ cdef struct DraftParams:
     int anchor_gap         # ... skipping at most this many diverged context tokens
     int anchor_min         # ... after a verified anchor match of at least this many
     double copy_boost      # weight multiplier of the copy being followed (see _follow_copy), 0: off
+    double mismatch_weight # own-stream matches go on past one mismatch, each further token counting this much (0: off)
     int wildcard_tokens    # an unmatched context: draft past its last 1..this many tokens as if they were any (0: off)
 
 
@@ -611,7 +612,7 @@ cdef class DraftConfig:
                   double local_weight=4.0, double chain_local_weight=4.0, int min_match=1, double confidence=0.0,
                   double order_norm=0.0, int top_walk=0, int low_walk=0, int anchor_window=0,
                   int anchor_below=4, int anchor_gap=24, int anchor_min=16, double copy_boost=0.0,
-                  int wildcard_tokens=0):
+                  int wildcard_tokens=0, double mismatch_weight=0.0):
         self.p.max_match = max_match
         self.p.max_walk = max_walk
         self.p.max_candidates = min(max_candidates, MAX_CANDIDATES_LIMIT)
@@ -630,6 +631,7 @@ cdef class DraftConfig:
         self.p.anchor_min = anchor_min
         self.p.copy_boost = copy_boost
         self.p.wildcard_tokens = wildcard_tokens
+        self.p.mismatch_weight = mismatch_weight
 
 
 cdef inline double _powi(double base, double e) noexcept nogil:
@@ -655,7 +657,7 @@ cdef int _gather(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftPar
     everyone's history; a request's own short contexts are mostly noise, and
     a chain only wants the heaviest one).
     """
-    cdef int o, k, j, m, steps, found = 0, prev_k, walk
+    cdef int o, k, j, m, beyond, steps, found = 0, prev_k, walk
     cdef int shift = 64 - s.hbits
     cdef uint64_t h, slot
     cdef uint32_t e, d
@@ -714,6 +716,17 @@ cdef int _gather(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftPar
                 if t != ctx[ctx_len - 1 - m]:
                     break
                 m += 1
+            # In the request's own stream, a match goes on past one mismatch
+            # (an edited name or number); what it matches there counts
+            # mismatch_weight per token.
+            beyond = 0
+            if prm.mismatch_weight > 0 and not s.ring and m >= k and m < max_match and q - m >= base \
+                    and s.tok[(q - m) & s.mask] >= 0:
+                while m + 1 + beyond < max_match and q - m - 1 - beyond >= base:
+                    t = s.tok[(q - m - 1 - beyond) & s.mask]
+                    if t < 0 or t != ctx[ctx_len - 2 - m - beyond]:
+                        break
+                    beyond += 1
             # An occurrence needs a continuation: skip the stream's last token
             # (that is the context itself) and tokens before a separator.
             if m >= k and q + 1 < n and s.tok[(q + 1) & s.mask] >= 0:
@@ -725,7 +738,7 @@ cdef int _gather(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftPar
                 if not dup:
                     cand.pos = q
                     cand.match = m
-                    cand.weight = store_weight * _powi(<double>m, prm.match_exponent)
+                    cand.weight = store_weight * _powi(m + prm.mismatch_weight * beyond, prm.match_exponent)
                     cands.push_back(cand)
                     found += 1
                     if <int>cands.size() >= prm.max_candidates:

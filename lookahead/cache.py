@@ -62,6 +62,7 @@ class LookaheadConfig:
     anchor_gap: int = 14  # ... skipping at most this many diverged context tokens
     anchor_min: int = 12  # ... behind an anchor verified over at least this many tokens
     copy_boost: float = 4.0  # weight of the copy the request's drafts are following, among equally long matches (0: off)
+    mismatch_weight: float = 0.5  # the request's own stream: a match goes on past one mismatch, tokens beyond it counting this much (0: off)
     wildcard_tokens: int = 2  # nothing matches the context: draft past its last 1, then 2 tokens as if they were any (0: off)
     share_outputs: bool = True  # feed outputs into the shared history
     share_prompt_tail: int = 24  # prompt tokens shared before the output, as its context (the question's end)
@@ -93,8 +94,9 @@ class LookaheadConfig:
         object.__setattr__(self, "orders", orders)
         if self.match_exponent < 0 or self.local_weight <= 0 or self.chain_local_weight <= 0 or self.confidence < 0:
             raise ValueError("match_exponent and confidence must be >= 0, local_weight and chain_local_weight > 0")
-        if not self.copy_boost >= 0:
-            raise ValueError(f"copy_boost must be >= 0, got {self.copy_boost!r}")
+        for name in ("copy_boost", "mismatch_weight"):
+            if not getattr(self, name) >= 0:  # NaN fails too
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if self.share_prompt_tail < 0:
             raise ValueError(f"share_prompt_tail must be >= 0, got {self.share_prompt_tail}")
         if self.vocab_size is not None and (not isinstance(self.vocab_size, int) or self.vocab_size < 1):
@@ -155,6 +157,7 @@ class LookaheadCache:
             anchor_min=config.anchor_min,
             copy_boost=config.copy_boost,
             wildcard_tokens=config.wildcard_tokens,
+            mismatch_weight=config.mismatch_weight,
         )
         self._max_id = MAX_TOKEN_ID if config.vocab_size is None else config.vocab_size - 1
         self._shared = TokenStore(config.shared_capacity, True, config.orders)

@@ -128,6 +128,7 @@ RANDOM_CONFIG = st.fixed_dictionaries({
     "chain_local_weight": st.sampled_from([0.5, 4.0, 6.0]),
     "copy_boost": st.sampled_from([0.0, 0.5, 4.0]),
     "wildcard_tokens": st.sampled_from([0, 1, 2, 3]),
+    "mismatch_weight": st.sampled_from([0.0, 0.5, 1.0]),
     "min_match_len": st.sampled_from([1, 1, 2, 3, 4]),
     "confidence": st.sampled_from([0.0, 1.0, 8.0]),
     "order_norm": st.sampled_from([0.0, 0.5, 1.0]),
@@ -917,6 +918,8 @@ def test_huge_budget_is_a_clean_error_or_works():
     ({"copy_boost": -1.0}, "copy_boost"),
     ({"copy_boost": float("nan")}, "copy_boost"),
     ({"wildcard_tokens": -1}, "wildcard_tokens"),
+    ({"mismatch_weight": -0.5}, "mismatch_weight"),
+    ({"mismatch_weight": float("nan")}, "mismatch_weight"),
     ({"wildcard_tokens": 1.5}, "wildcard_tokens"),
     ({"confidence": -0.5}, "confidence"),
     ({"share_prompt_tail": -1}, "share_prompt_tail"),
@@ -988,7 +991,9 @@ def test_copy_resumes_at_its_source_after_an_edit():
             cache.put_output("edit", edited)
             cache.synchronize()
             assert cache.draft("edit", source + [1] + edited, 4, one_branch).tokens[:4] == source[31:35]
-        with open_cache(max_memory_bytes=1 << 20, anchor_window=0) as cache:  # control: no anchoring
+        # Control: no anchoring, and no matching past the edited token (which
+        # would find the copy source too).
+        with open_cache(max_memory_bytes=1 << 20, anchor_window=0, mismatch_weight=0.0) as cache:
             cache.put_prompt("edit", source + [1])
             cache.put_output("edit", edited)
             cache.synchronize()
@@ -1040,6 +1045,23 @@ def test_draft_past_tokens_never_seen():
                 assert draft.tokens == expected, (context, wildcard_tokens, one_branch, draft)
                 if expected:
                     assert draft.parents == [-1, 0, 1]
+
+
+def test_matches_go_on_past_one_mismatch_in_the_own_stream():
+    """Two occurrences of the context's last two tokens in the request's own
+    stream: the older one also matches the four tokens before them but for
+    one edited token (77 where the source has 5).  Matching past that
+    mismatch makes it the likelier copy; without it the tie goes to the more
+    recent occurrence."""
+    prompt = [1, 2, 3, 4, 5, 50, 60, 70, 71, 8, 9, 50, 60, 80, 81, 99]
+    output = [1, 2, 3, 4, 77, 50, 60]
+    for mismatch_weight, expected in ((0.0, [80, 81]), (0.5, [70, 71])):
+        with open_cache(max_memory_bytes=1 << 20, mismatch_weight=mismatch_weight) as cache:
+            cache.put_prompt("r", prompt)
+            cache.put_output("r", output)
+            cache.synchronize()
+            assert cache.draft("r", prompt + output, 2, one_branch=True).tokens == expected
+            assert cache.draft("r", prompt + output, 2).tokens[0] == expected[0]
 
 
 def test_reference_on_copies_with_edits():

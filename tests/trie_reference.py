@@ -29,7 +29,11 @@ Drafting one request after ``context`` (only its last ``max_match_len`` ids):
    (``m`` capped at ``max_match_len`` and at the oldest live token), has a
    continuation (``q + 1 < n`` and ``tok[q + 1]`` is no separator) and was not
    found before in this store.  Its weight is
-   ``store_weight * m ** match_exponent``.  Stop the walk once
+   ``store_weight * (m + mismatch_weight * b) ** match_exponent``, where ``b``
+   is 0 in the shared history and, in the request's own store, the number of
+   further context ids matched past the mismatch that ended ``m`` (that
+   mismatched token is skipped on both sides; no separator; ``m + 1 + b``
+   stays below ``max_match_len``).  Stop the walk once
    ``max_candidates`` occurrences are held (both stores together), and stop
    descending orders once this store found ``enough_candidates`` or
    ``max_candidates`` are held.  With ``order_norm > 0`` every occurrence of
@@ -195,6 +199,7 @@ class Params:
     anchor_min: int = 16
     copy_boost: float = 0.0
     wildcard_tokens: int = 0
+    mismatch_weight: float = 0.0
 
     def __post_init__(self):
         self.max_candidates = min(self.max_candidates, MAX_CANDIDATES_LIMIT)
@@ -208,7 +213,7 @@ class Params:
                    confidence=cfg.confidence, order_norm=cfg.order_norm, top_walk=cfg.top_walk,
                    low_walk=cfg.low_walk, anchor_window=cfg.anchor_window, anchor_below=cfg.anchor_below,
                    anchor_gap=cfg.anchor_gap, anchor_min=cfg.anchor_min, copy_boost=cfg.copy_boost,
-                   wildcard_tokens=cfg.wildcard_tokens)
+                   wildcard_tokens=cfg.wildcard_tokens, mismatch_weight=cfg.mismatch_weight)
 
 
 def gather(store: RefStore, ctx: list, prm: Params, store_weight: float, cands: list,
@@ -242,7 +247,12 @@ def gather(store: RefStore, ctx: list, prm: Params, store_weight: float, cands: 
                 continue
             if any(c.pos == q for c in cands[start_count:]):
                 continue
-            cands.append(Candidate(q, m, store_weight * _pow(float(m), prm.match_exponent)))
+            beyond = 0  # the request's own store: tokens matched past one mismatch
+            if prm.mismatch_weight > 0 and not store.ring and m < max_match and q - m >= base and toks[q - m] >= 0:
+                while (m + 1 + beyond < max_match and q - m - 1 - beyond >= base
+                       and toks[q - m - 1 - beyond] >= 0 and toks[q - m - 1 - beyond] == ctx[-2 - m - beyond]):
+                    beyond += 1
+            cands.append(Candidate(q, m, store_weight * _pow(m + prm.mismatch_weight * beyond, prm.match_exponent)))
             found += 1
             if len(cands) >= prm.max_candidates:
                 break

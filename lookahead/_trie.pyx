@@ -90,6 +90,8 @@ cdef enum:
     MAX_CANDIDATES_LIMIT = 256
 
 cdef uint64_t GOLDEN = 0x9E3779B97F4A7C15ULL
+cdef double INITIAL_PACE = 2.0   # a new request's pace (see _draft)
+cdef double PACE_DECAY = 0.8     # ... and how much of it each draft keeps
 
 
 cdef inline int _log2_ceil(int64_t x) noexcept nogil:
@@ -342,11 +344,17 @@ cdef void _apply_insert(NativeStore* s, const int32_t* tokens, int64_t count, bi
         _store_append_chunked(s, tokens, count)
 
 
-cdef struct CopyCursor:
-    # Which copy a request's drafts are following (see _follow_copy).
+cdef struct DraftState:
+    # What a request's drafts carry from one step to the next.
     int64_t n      # the request's stream length at its last draft (-1: none yet)
-    int64_t used   # the source position that draft looked at (-1: none)
-    int64_t src    # where that draft's heaviest own-stream occurrence ended (-1: none)
+    int64_t used   # the copy cursor (see _follow_copy): the source position that draft looked at (-1: none)
+    int64_t src    # ... where that draft's heaviest own-stream occurrence ended (-1: none)
+    double pace    # moving average of the tokens the stream grew by between drafts (see _draft)
+
+
+cdef inline void _fresh_state(DraftState* st) noexcept nogil:
+    st.n = st.used = st.src = -1
+    st.pace = INITIAL_PACE
 
 
 cdef struct StoreCounts:
@@ -371,7 +379,7 @@ cdef class TokenStore:
 
     cdef StorePtr ptr
     cdef NativeStore* s
-    cdef CopyCursor cursor   # read and written by drafts, with the GIL held
+    cdef DraftState cursor   # read and written by drafts, with the GIL held
 
     def __cinit__(self, int64_t capacity, bint ring, orders):
         cdef int i
@@ -386,7 +394,7 @@ cdef class TokenStore:
                 raise ValueError(f"n-gram orders must be positive and increasing, got {list(orders)}")
         self.ptr = make_shared[NativeStore]()
         self.s = self.ptr.get()
-        self.cursor.n = self.cursor.used = self.cursor.src = -1
+        _fresh_state(&self.cursor)
         _store_init(self.s, capacity, ring, len(orders), c_orders)
 
     # -- Python-facing helpers (validation happens in lookahead.cache) -------
@@ -585,6 +593,8 @@ cdef struct DraftParams:
     double copy_boost      # weight multiplier of the copy being followed (see _follow_copy), 0: off
     double mismatch_weight # own-stream matches go on past one mismatch, each further token counting this much (0: off)
     int wildcard_tokens    # an unmatched context: draft past its last 1..this many tokens as if they were any (0: off)
+    double wildcard_weight # ... and past its last token at this weight while the request's pace is below wildcard_pace
+    double wildcard_pace
 
 
 cdef struct Candidate:
@@ -612,7 +622,8 @@ cdef class DraftConfig:
                   double local_weight=4.0, double chain_local_weight=4.0, int min_match=1, double confidence=0.0,
                   double order_norm=0.0, int top_walk=0, int low_walk=0, int anchor_window=0,
                   int anchor_below=4, int anchor_gap=24, int anchor_min=16, double copy_boost=0.0,
-                  int wildcard_tokens=0, double mismatch_weight=0.0):
+                  int wildcard_tokens=0, double mismatch_weight=0.0, double wildcard_weight=0.0,
+                  double wildcard_pace=0.0):
         self.p.max_match = max_match
         self.p.max_walk = max_walk
         self.p.max_candidates = min(max_candidates, MAX_CANDIDATES_LIMIT)
@@ -632,6 +643,8 @@ cdef class DraftConfig:
         self.p.copy_boost = copy_boost
         self.p.wildcard_tokens = wildcard_tokens
         self.p.mismatch_weight = mismatch_weight
+        self.p.wildcard_weight = wildcard_weight
+        self.p.wildcard_pace = wildcard_pace
 
 
 cdef inline double _powi(double base, double e) noexcept nogil:
@@ -852,7 +865,7 @@ cdef void _anchor(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftPa
 
 
 cdef void _follow_copy(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftParams* prm,
-                       double store_weight, CopyCursor* cur, vector[Candidate]& cands) noexcept nogil:
+                       double store_weight, DraftState* cur, vector[Candidate]& cands) noexcept nogil:
     """Prefer the copy being followed (call after gathering ``s``, the
     request's own stream, which ``ctx`` ends; must hold ``s.mtx``).
 
@@ -1020,7 +1033,7 @@ cdef void _select(vector[TrieNode]& nodes, int budget, bint one_branch, double c
 
 cdef void _draft(NativeStore* local, NativeStore* shared,
                  const int32_t* ctx, int ctx_len, int budget, bint one_branch,
-                 const DraftParams* prm, CopyCursor* cursor, vector[Candidate]& cands,
+                 const DraftParams* prm, DraftState* cursor, vector[Candidate]& cands,
                  vector[TrieNode]& nodes, vector[int32_t]& out_tokens,
                  vector[int32_t]& out_parents) noexcept nogil:
     cdef TrieNode root
@@ -1045,11 +1058,14 @@ cdef void _draft(NativeStore* local, NativeStore* shared,
     # than waited for; after synchronize() no writer holds one, so drafts
     # stay deterministic.
     if local != NULL and local.mtx.try_lock_shared():
+        if cursor.n >= 0 and local.n > cursor.n:
+            cursor.pace = PACE_DECAY * cursor.pace + (1.0 - PACE_DECAY) * <double>(local.n - cursor.n)
         _gather(local, ctx, ctx_len, prm, local_weight, one_branch, cands)
         if prm.anchor_window > 0:
             _anchor(local, ctx, ctx_len, prm, local_weight, cands)
         if prm.copy_boost > 0:
             _follow_copy(local, ctx, ctx_len, prm, local_weight, cursor, cands)
+        cursor.n = local.n
         for c in range(cands.size()):
             _merge(local, &cands[c], depth, nodes)
         local.mtx.unlock_shared()
@@ -1061,18 +1077,36 @@ cdef void _draft(NativeStore* local, NativeStore* shared,
         shared.mtx.unlock_shared()
     # Nothing matched: the context ends in a token never seen before (a new
     # name, a rare word piece).  What follows it is often what followed the
-    # tokens before it elsewhere, whatever came in between.
+    # tokens before it elsewhere, whatever came in between.  A request whose
+    # drafts have been advancing it slowly (its pace: chat, fresh code) is
+    # not copying, and there that evidence also helps when the last token did
+    # match, at a small weight; in a request that is copying it would only
+    # take slots from the copy.
     cdef int skip = 1
-    while nodes.size() == 1 and skip <= prm.wildcard_tokens and skip < ctx_len:
-        cands.clear()
-        if local != NULL and local.mtx.try_lock_shared():
-            _gather_past(local, ctx, ctx_len, skip, prm, local_weight, one_branch, depth, cands, nodes)
-            local.mtx.unlock_shared()
-        if shared != NULL and <int>cands.size() < prm.max_candidates and shared.mtx.try_lock_shared():
-            _gather_past(shared, ctx, ctx_len, skip, prm, 1.0, one_branch, depth, cands, nodes)
-            shared.mtx.unlock_shared()
-        skip += 1
+    if nodes.size() > 1:
+        if prm.wildcard_weight > 0 and cursor.pace < prm.wildcard_pace and ctx_len > 1:
+            _merge_past(local, shared, ctx, ctx_len, 1, depth, one_branch, prm,
+                        local_weight * prm.wildcard_weight, prm.wildcard_weight, cands, nodes)
+    else:
+        while nodes.size() == 1 and skip <= prm.wildcard_tokens and skip < ctx_len:
+            _merge_past(local, shared, ctx, ctx_len, skip, depth, one_branch, prm, local_weight, 1.0,
+                        cands, nodes)
+            skip += 1
     _select(nodes, budget, one_branch, prm.confidence, out_tokens, out_parents)
+
+
+cdef void _merge_past(NativeStore* local, NativeStore* shared, const int32_t* ctx, int ctx_len, int skip,
+                      int depth, bint one_branch, const DraftParams* prm, double local_weight,
+                      double shared_weight, vector[Candidate]& cands, vector[TrieNode]& nodes) noexcept nogil:
+    """:func:`_gather_past` on both stores, the shared one only while
+    fewer than ``max_candidates`` occurrences are held."""
+    cands.clear()
+    if local != NULL and local.mtx.try_lock_shared():
+        _gather_past(local, ctx, ctx_len, skip, prm, local_weight, one_branch, depth, cands, nodes)
+        local.mtx.unlock_shared()
+    if shared != NULL and <int>cands.size() < prm.max_candidates and shared.mtx.try_lock_shared():
+        _gather_past(shared, ctx, ctx_len, skip, prm, shared_weight, one_branch, depth, cands, nodes)
+        shared.mtx.unlock_shared()
 
 
 cdef void _gather_past(NativeStore* s, const int32_t* ctx, int ctx_len, int skip, const DraftParams* prm,
@@ -1120,9 +1154,9 @@ cdef class Drafter:
             return [], []
         cdef NativeStore* local_s = local.s if local is not None else NULL
         cdef NativeStore* shared_s = shared.s if shared is not None else NULL
-        # The request's copy cursor goes in and out by value, under the GIL.
-        cdef CopyCursor cursor
-        cursor.n = cursor.used = cursor.src = -1
+        # The request's draft state goes in and out by value, under the GIL.
+        cdef DraftState cursor
+        _fresh_state(&cursor)
         if local is not None:
             cursor = local.cursor
         with nogil:

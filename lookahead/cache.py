@@ -64,6 +64,8 @@ class LookaheadConfig:
     copy_boost: float = 4.0  # weight of the copy the request's drafts are following, among equally long matches (0: off)
     mismatch_weight: float = 0.5  # the request's own stream: a match goes on past one mismatch, tokens beyond it counting this much (0: off)
     wildcard_tokens: int = 2  # nothing matches the context: draft past its last 1, then 2 tokens as if they were any (0: off)
+    wildcard_weight: float = 0.05  # ... and past its last token at this weight, in requests whose pace is below:
+    wildcard_pace: float = 2.5  # tokens a request advances per draft, moving average (low: not copying)
     share_outputs: bool = True  # feed outputs into the shared history
     share_prompt_tail: int = 24  # prompt tokens shared before the output, as its context (the question's end)
     flush_tokens: int = 128  # share a running request's output every this many tokens
@@ -94,7 +96,7 @@ class LookaheadConfig:
         object.__setattr__(self, "orders", orders)
         if self.match_exponent < 0 or self.local_weight <= 0 or self.chain_local_weight <= 0 or self.confidence < 0:
             raise ValueError("match_exponent and confidence must be >= 0, local_weight and chain_local_weight > 0")
-        for name in ("copy_boost", "mismatch_weight"):
+        for name in ("copy_boost", "mismatch_weight", "wildcard_weight", "wildcard_pace"):
             if not getattr(self, name) >= 0:  # NaN fails too
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if self.share_prompt_tail < 0:
@@ -158,6 +160,8 @@ class LookaheadCache:
             copy_boost=config.copy_boost,
             wildcard_tokens=config.wildcard_tokens,
             mismatch_weight=config.mismatch_weight,
+            wildcard_weight=config.wildcard_weight,
+            wildcard_pace=config.wildcard_pace,
         )
         self._max_id = MAX_TOKEN_ID if config.vocab_size is None else config.vocab_size - 1
         self._shared = TokenStore(config.shared_capacity, True, config.orders)

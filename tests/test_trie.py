@@ -94,8 +94,9 @@ def _joined(stream) -> str:
 def check_paths_in_history(draft, context, streams, wildcard_tokens: int = 2) -> None:
     """Every root path of the draft continues an occurrence of the context's
     last token somewhere in what was fed (a request's prompt + outputs), or
-    (a draft past tokens that matched nothing) an occurrence of the token
-    ``skip`` <= ``wildcard_tokens`` places before it, ``skip`` tokens on."""
+    (a draft past tokens that matched nothing, or past the last token at
+    ``wildcard_weight``) an occurrence of the token ``skip`` <=
+    ``wildcard_tokens`` places before it, ``skip`` tokens on."""
     if not len(draft[0]):
         return
     last = int(context[-1])
@@ -129,6 +130,8 @@ RANDOM_CONFIG = st.fixed_dictionaries({
     "copy_boost": st.sampled_from([0.0, 0.5, 4.0]),
     "wildcard_tokens": st.sampled_from([0, 1, 2, 3]),
     "mismatch_weight": st.sampled_from([0.0, 0.5, 1.0]),
+    "wildcard_weight": st.sampled_from([0.0, 0.05, 1.0]),
+    "wildcard_pace": st.sampled_from([0.0, 2.5, 4.0]),
     "min_match_len": st.sampled_from([1, 1, 2, 3, 4]),
     "confidence": st.sampled_from([0.0, 1.0, 8.0]),
     "order_norm": st.sampled_from([0.0, 0.5, 1.0]),
@@ -212,7 +215,7 @@ def run_against_reference(data, config_kwargs: dict, max_ops: int = 40) -> int:
                         f"differs from the reference: {d} != {want}")
                     check_draft(d, budget, one_branch)
                     if ctx:
-                        check_paths_in_history(d, ctx, history, cfg.wildcard_tokens)
+                        check_paths_in_history(d, ctx, history, max(cfg.wildcard_tokens, int(cfg.wildcard_weight > 0)))
                     nonempty += bool(d.tokens)
     return nonempty
 
@@ -919,6 +922,8 @@ def test_huge_budget_is_a_clean_error_or_works():
     ({"copy_boost": float("nan")}, "copy_boost"),
     ({"wildcard_tokens": -1}, "wildcard_tokens"),
     ({"mismatch_weight": -0.5}, "mismatch_weight"),
+    ({"wildcard_weight": -1.0}, "wildcard_weight"),
+    ({"wildcard_pace": float("nan")}, "wildcard_pace"),
     ({"mismatch_weight": float("nan")}, "mismatch_weight"),
     ({"wildcard_tokens": 1.5}, "wildcard_tokens"),
     ({"confidence": -0.5}, "confidence"),
@@ -1045,6 +1050,26 @@ def test_draft_past_tokens_never_seen():
                 assert draft.tokens == expected, (context, wildcard_tokens, one_branch, draft)
                 if expected:
                     assert draft.parents == [-1, 0, 1]
+
+
+def test_wildcard_alternatives_only_for_requests_that_advance_slowly():
+    """A request whose drafts advance it about one token per step (not
+    copying) also gets, at a low weight, what followed the token before its
+    last one elsewhere, one token on (here 50); a request advancing several
+    tokens per step (copying) keeps the whole budget for its copy."""
+    prompt = [1, 6, 7, 30, 31, 32, 33, 2, 10, 99, 50, 51, 3]
+    filler = list(range(60, 92))
+    for per_step, expected in ((1, [7, 30, 31, 50]), (8, [7, 30, 31, 32])):
+        with open_cache(max_memory_bytes=1 << 20, copy_boost=0.0) as cache:
+            cache.put_prompt("r", prompt)
+            cache.synchronize()
+            context = list(prompt)
+            for i in range(0, len(filler), per_step):
+                cache.put_output("r", filler[i:i + per_step])
+                context += filler[i:i + per_step]
+                cache.draft("r", context, 4)
+            cache.put_output("r", [10, 6])
+            assert cache.draft("r", context + [10, 6], 4).tokens == expected
 
 
 def test_matches_go_on_past_one_mismatch_in_the_own_stream():

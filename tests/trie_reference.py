@@ -50,7 +50,12 @@ Drafting one request after ``context`` (only its last ``max_match_len`` ids):
    until something is: gather the occurrences of the context without its
    last ``skip`` tokens (from each store as in step 1, candidates counted
    afresh) and merge, for each whose next ``skip`` tokens exist and hold no
-   separator, the continuation after those ``skip`` tokens.
+   separator, the continuation after those ``skip`` tokens.  If something
+   was merged, and the request's *pace* is below ``wildcard_pace``, merge
+   the same for ``skip`` = 1 with both store weights times
+   ``wildcard_weight``.  The pace is a moving average of how many tokens the
+   request's store grew by between its drafts (``PACE_DECAY``, starting at
+   ``INITIAL_PACE``; a draft without a request store sees the initial pace).
 3. *Select*:
    * one branch: from the root, repeatedly step to the heaviest child (ties:
      the lower node number) until ``budget`` tokens or a leaf;
@@ -76,6 +81,8 @@ GOLDEN = 0x9E3779B97F4A7C15
 MASK64 = (1 << 64) - 1
 SEPARATOR = -1
 MAX_CANDIDATES_LIMIT = 256  # the native scratch size caps max_candidates
+INITIAL_PACE = 2.0  # a request's pace before its first draft
+PACE_DECAY = 0.8  # pace = PACE_DECAY * pace + (1 - PACE_DECAY) * (tokens the store grew by since the last draft)
 
 
 def log2_ceil(x: int) -> int:
@@ -108,6 +115,7 @@ class RefStore:
         self._slots: dict = {}  # (order, hbits) -> {slot: [positions, ascending]}
         self._indexed: dict = {}  # (order, hbits) -> positions indexed so far
         self.cursor = (-1, -1, -1)  # copy cursor of a request's store: (n, used, src), see follow_copy
+        self.pace = INITIAL_PACE  # of a request's store: see draft
 
     @property
     def n(self) -> int:
@@ -200,6 +208,8 @@ class Params:
     copy_boost: float = 0.0
     wildcard_tokens: int = 0
     mismatch_weight: float = 0.0
+    wildcard_weight: float = 0.0
+    wildcard_pace: float = 0.0
 
     def __post_init__(self):
         self.max_candidates = min(self.max_candidates, MAX_CANDIDATES_LIMIT)
@@ -213,7 +223,8 @@ class Params:
                    confidence=cfg.confidence, order_norm=cfg.order_norm, top_walk=cfg.top_walk,
                    low_walk=cfg.low_walk, anchor_window=cfg.anchor_window, anchor_below=cfg.anchor_below,
                    anchor_gap=cfg.anchor_gap, anchor_min=cfg.anchor_min, copy_boost=cfg.copy_boost,
-                   wildcard_tokens=cfg.wildcard_tokens, mismatch_weight=cfg.mismatch_weight)
+                   wildcard_tokens=cfg.wildcard_tokens, mismatch_weight=cfg.mismatch_weight,
+                   wildcard_weight=cfg.wildcard_weight, wildcard_pace=cfg.wildcard_pace)
 
 
 def gather(store: RefStore, ctx: list, prm: Params, store_weight: float, cands: list,
@@ -405,12 +416,18 @@ def draft(local: RefStore | None, shared: RefStore | None, context, budget: int,
     nodes = [Node(-1, -1, score=1.0)]
     cands: list[Candidate] = []
     local_weight = prm.chain_local_weight if one_branch else prm.local_weight
+    pace = INITIAL_PACE
     if local is not None:
+        last_n = local.cursor[0]
+        if last_n >= 0 and local.n > last_n:
+            local.pace = PACE_DECAY * local.pace + (1.0 - PACE_DECAY) * (local.n - last_n)
+        pace = local.pace
         gather(local, ctx, prm, local_weight, cands, one_branch)
         if prm.anchor_window > 0:
             anchor(local, ctx, prm, local_weight, cands)
         if prm.copy_boost > 0:
             follow_copy(local, ctx, prm, local_weight, cands)
+        local.cursor = (local.n,) + local.cursor[1:]
         for c in cands:
             merge(local, c, budget, nodes)
     first_shared = len(cands)
@@ -418,15 +435,23 @@ def draft(local: RefStore | None, shared: RefStore | None, context, budget: int,
         gather(shared, ctx, prm, 1.0, cands, one_branch)
         for c in cands[first_shared:]:
             merge(shared, c, budget, nodes)
-    # Nothing matched: draft past the context's last 1, 2, ... tokens.
-    skip = 1
-    while len(nodes) == 1 and skip <= prm.wildcard_tokens and skip < len(ctx):
+    # Nothing matched: draft past the context's last 1, 2, ... tokens; when
+    # something did, past the last one at wildcard_weight if the pace is low.
+    def merge_past(skip: int, local_w: float, shared_w: float) -> None:
         cands = []
         if local is not None:
-            gather_past(local, ctx, skip, prm, local_weight, cands, one_branch, budget, nodes)
+            gather_past(local, ctx, skip, prm, local_w, cands, one_branch, budget, nodes)
         if shared is not None and len(cands) < prm.max_candidates:
-            gather_past(shared, ctx, skip, prm, 1.0, cands, one_branch, budget, nodes)
-        skip += 1
+            gather_past(shared, ctx, skip, prm, shared_w, cands, one_branch, budget, nodes)
+
+    if len(nodes) > 1:
+        if prm.wildcard_weight > 0 and pace < prm.wildcard_pace and len(ctx) > 1:
+            merge_past(1, local_weight * prm.wildcard_weight, prm.wildcard_weight)
+    else:
+        skip = 1
+        while len(nodes) == 1 and skip <= prm.wildcard_tokens and skip < len(ctx):
+            merge_past(skip, local_weight, 1.0)
+            skip += 1
     return select(nodes, budget, one_branch, prm.confidence)
 
 

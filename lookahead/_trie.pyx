@@ -595,6 +595,7 @@ cdef struct DraftParams:
     int wildcard_tokens    # an unmatched context: draft past its last 1..this many tokens as if they were any (0: off)
     double wildcard_weight # ... and past its last token at this weight while the request's pace is below wildcard_pace
     double wildcard_pace
+    int wildcard_walk      # ... gathered walking this many occurrences per order, stopping at as many
 
 
 cdef struct Candidate:
@@ -623,7 +624,7 @@ cdef class DraftConfig:
                   double order_norm=0.0, int top_walk=0, int low_walk=0, int anchor_window=0,
                   int anchor_below=4, int anchor_gap=24, int anchor_min=16, double copy_boost=0.0,
                   int wildcard_tokens=0, double mismatch_weight=0.0, double wildcard_weight=0.0,
-                  double wildcard_pace=0.0):
+                  double wildcard_pace=0.0, int wildcard_walk=4):
         self.p.max_match = max_match
         self.p.max_walk = max_walk
         self.p.max_candidates = min(max_candidates, MAX_CANDIDATES_LIMIT)
@@ -645,6 +646,7 @@ cdef class DraftConfig:
         self.p.mismatch_weight = mismatch_weight
         self.p.wildcard_weight = wildcard_weight
         self.p.wildcard_pace = wildcard_pace
+        self.p.wildcard_walk = wildcard_walk
 
 
 cdef inline double _powi(double base, double e) noexcept nogil:
@@ -1083,9 +1085,13 @@ cdef void _draft(NativeStore* local, NativeStore* shared,
     # match, at a small weight; in a request that is copying it would only
     # take slots from the copy.
     cdef int skip = 1
+    cdef DraftParams fill   # a cheap gather: these alternatives only fill spare slots
     if nodes.size() > 1:
         if prm.wildcard_weight > 0 and cursor.pace < prm.wildcard_pace and ctx_len > 1:
-            _merge_past(local, shared, ctx, ctx_len, 1, depth, one_branch, prm,
+            fill = prm[0]
+            fill.max_walk = fill.enough_candidates = prm.wildcard_walk
+            fill.top_walk = fill.low_walk = 0
+            _merge_past(local, shared, ctx, ctx_len, 1, depth, one_branch, &fill,
                         local_weight * prm.wildcard_weight, prm.wildcard_weight, cands, nodes)
     else:
         while nodes.size() == 1 and skip <= prm.wildcard_tokens and skip < ctx_len:

@@ -66,6 +66,7 @@ class LookaheadConfig:
     wildcard_tokens: int = 2  # nothing matches the context: draft past its last 1, then 2 tokens as if they were any (0: off)
     wildcard_weight: float = 0.05  # ... and past its last token at this weight, in requests whose pace is below:
     wildcard_pace: float = 2.5  # tokens a request advances per draft, moving average (low: not copying)
+    wildcard_walk: int = 4  # ... gathered cheaply: this many occurrences per order walked and enough
     share_outputs: bool = True  # feed outputs into the shared history
     share_prompt_tail: int = 24  # prompt tokens shared before the output, as its context (the question's end)
     flush_tokens: int = 128  # share a running request's output every this many tokens
@@ -80,7 +81,7 @@ class LookaheadConfig:
 
         for name in ("max_memory_bytes", "max_match_len", "max_walk", "max_candidates",
                      "enough_candidates", "min_match_len", "flush_tokens", "top_walk", "low_walk",
-                     "anchor_below", "anchor_gap", "anchor_min"):
+                     "anchor_below", "anchor_gap", "anchor_min", "wildcard_walk"):
             positive(name)
         for name in ("anchor_window", "wildcard_tokens"):
             value = getattr(self, name)
@@ -162,6 +163,7 @@ class LookaheadCache:
             mismatch_weight=config.mismatch_weight,
             wildcard_weight=config.wildcard_weight,
             wildcard_pace=config.wildcard_pace,
+            wildcard_walk=config.wildcard_walk,
         )
         self._max_id = MAX_TOKEN_ID if config.vocab_size is None else config.vocab_size - 1
         self._shared = TokenStore(config.shared_capacity, True, config.orders)

@@ -53,7 +53,8 @@ Drafting one request after ``context`` (only its last ``max_match_len`` ids):
    separator, the continuation after those ``skip`` tokens.  If something
    was merged, and the request's *pace* is below ``wildcard_pace``, merge
    the same for ``skip`` = 1 with both store weights times
-   ``wildcard_weight``.  The pace is a moving average of how many tokens the
+   ``wildcard_weight``, gathering with ``max_walk`` and ``enough_candidates``
+   both ``wildcard_walk`` and no ``top_walk`` or ``low_walk``.  The pace is a moving average of how many tokens the
    request's store grew by between its drafts (``PACE_DECAY``, starting at
    ``INITIAL_PACE``; a draft without a request store sees the initial pace).
 3. *Select*:
@@ -74,6 +75,7 @@ first time and the last ``max(orders)`` tokens afterwards.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -210,6 +212,7 @@ class Params:
     mismatch_weight: float = 0.0
     wildcard_weight: float = 0.0
     wildcard_pace: float = 0.0
+    wildcard_walk: int = 4
 
     def __post_init__(self):
         self.max_candidates = min(self.max_candidates, MAX_CANDIDATES_LIMIT)
@@ -224,7 +227,8 @@ class Params:
                    low_walk=cfg.low_walk, anchor_window=cfg.anchor_window, anchor_below=cfg.anchor_below,
                    anchor_gap=cfg.anchor_gap, anchor_min=cfg.anchor_min, copy_boost=cfg.copy_boost,
                    wildcard_tokens=cfg.wildcard_tokens, mismatch_weight=cfg.mismatch_weight,
-                   wildcard_weight=cfg.wildcard_weight, wildcard_pace=cfg.wildcard_pace)
+                   wildcard_weight=cfg.wildcard_weight, wildcard_pace=cfg.wildcard_pace,
+                   wildcard_walk=cfg.wildcard_walk)
 
 
 def gather(store: RefStore, ctx: list, prm: Params, store_weight: float, cands: list,
@@ -437,7 +441,7 @@ def draft(local: RefStore | None, shared: RefStore | None, context, budget: int,
             merge(shared, c, budget, nodes)
     # Nothing matched: draft past the context's last 1, 2, ... tokens; when
     # something did, past the last one at wildcard_weight if the pace is low.
-    def merge_past(skip: int, local_w: float, shared_w: float) -> None:
+    def merge_past(skip: int, local_w: float, shared_w: float, prm: Params = prm) -> None:
         cands = []
         if local is not None:
             gather_past(local, ctx, skip, prm, local_w, cands, one_branch, budget, nodes)
@@ -446,7 +450,9 @@ def draft(local: RefStore | None, shared: RefStore | None, context, budget: int,
 
     if len(nodes) > 1:
         if prm.wildcard_weight > 0 and pace < prm.wildcard_pace and len(ctx) > 1:
-            merge_past(1, local_weight * prm.wildcard_weight, prm.wildcard_weight)
+            merge_past(1, local_weight * prm.wildcard_weight, prm.wildcard_weight,
+                       dataclasses.replace(prm, max_walk=prm.wildcard_walk, enough_candidates=prm.wildcard_walk,
+                                           top_walk=0, low_walk=0))
     else:
         skip = 1
         while len(nodes) == 1 and skip <= prm.wildcard_tokens and skip < len(ctx):

@@ -892,8 +892,7 @@ cdef void _follow_copy(NativeStore* s, const int32_t* ctx, int ctx_len, const Dr
         q = cur.used
     elif cur.src >= 0 and n > cur.n:
         q = cur.src + (n - cur.n)
-    cur.n = n
-    cur.used = q
+    cur.used = q   # (cur.n is advanced by the caller, _draft)
     if q >= 0 and q + 1 < n and s.tok[(q + 1) & s.mask] >= 0:
         while m < prm.max_match and m < ctx_len and q - m >= 0 and s.tok[(q - m) & s.mask] == ctx[ctx_len - 1 - m]:
             m += 1

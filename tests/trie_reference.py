@@ -372,7 +372,7 @@ def follow_copy(store: RefStore, ctx: list, prm: Params, weight: float, cands: l
             else:
                 cands.append(Candidate(q, m, prm.copy_boost * weight * _pow(float(m), prm.match_exponent)))
     heaviest = max(cands, key=lambda c: c.weight, default=None)  # ties: the first found
-    store.cursor = (n, q, heaviest.pos if heaviest is not None else -1)
+    store.cursor = (last_n, q, heaviest.pos if heaviest is not None else -1)  # draft advances n
 
 
 def select(nodes: list, budget: int, one_branch: bool, confidence: float) -> tuple[list, list]:

@@ -379,7 +379,7 @@ cdef class TokenStore:
 
     cdef StorePtr ptr
     cdef NativeStore* s
-    cdef DraftState cursor   # read and written by drafts, with the GIL held
+    cdef DraftState draft_state   # read and written by drafts, with the GIL held
 
     def __cinit__(self, int64_t capacity, bint ring, orders):
         cdef int i
@@ -394,7 +394,7 @@ cdef class TokenStore:
                 raise ValueError(f"n-gram orders must be positive and increasing, got {list(orders)}")
         self.ptr = make_shared[NativeStore]()
         self.s = self.ptr.get()
-        _fresh_state(&self.cursor)
+        _fresh_state(&self.draft_state)
         _store_init(self.s, capacity, ring, len(orders), c_orders)
 
     # -- Python-facing helpers (validation happens in lookahead.cache) -------
@@ -867,7 +867,7 @@ cdef void _anchor(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftPa
 
 
 cdef void _follow_copy(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftParams* prm,
-                       double store_weight, DraftState* cur, vector[Candidate]& cands) noexcept nogil:
+                       double store_weight, DraftState* state, vector[Candidate]& cands) noexcept nogil:
     """Prefer the copy being followed (call after gathering ``s``, the
     request's own stream, which ``ctx`` ends; must hold ``s.mtx``).
 
@@ -888,11 +888,11 @@ cdef void _follow_copy(NativeStore* s, const int32_t* ctx, int ctx_len, const Dr
     cdef size_t c
     cdef Candidate cand
     cdef double heaviest = -1.0
-    if n == cur.n:
-        q = cur.used
-    elif cur.src >= 0 and n > cur.n:
-        q = cur.src + (n - cur.n)
-    cur.used = q   # (cur.n is advanced by the caller, _draft)
+    if n == state.n:
+        q = state.used
+    elif state.src >= 0 and n > state.n:
+        q = state.src + (n - state.n)
+    state.used = q   # (state.n is advanced by the caller, _draft)
     if q >= 0 and q + 1 < n and s.tok[(q + 1) & s.mask] >= 0:
         while m < prm.max_match and m < ctx_len and q - m >= 0 and s.tok[(q - m) & s.mask] == ctx[ctx_len - 1 - m]:
             m += 1
@@ -909,11 +909,11 @@ cdef void _follow_copy(NativeStore* s, const int32_t* ctx, int ctx_len, const Dr
                 cand.match = m
                 cand.weight = prm.copy_boost * store_weight * _powi(<double>m, prm.match_exponent)
                 cands.push_back(cand)
-    cur.src = -1
+    state.src = -1
     for c in range(cands.size()):
         if cands[c].weight > heaviest:
             heaviest = cands[c].weight
-            cur.src = cands[c].pos
+            state.src = cands[c].pos
 
 
 cdef int32_t _child(vector[TrieNode]& nodes, int32_t parent, int32_t token) noexcept nogil:
@@ -1034,7 +1034,7 @@ cdef void _select(vector[TrieNode]& nodes, int budget, bint one_branch, double c
 
 cdef void _draft(NativeStore* local, NativeStore* shared,
                  const int32_t* ctx, int ctx_len, int budget, bint one_branch,
-                 const DraftParams* prm, DraftState* cursor, vector[Candidate]& cands,
+                 const DraftParams* prm, DraftState* state, vector[Candidate]& cands,
                  vector[TrieNode]& nodes, vector[int32_t]& out_tokens,
                  vector[int32_t]& out_parents) noexcept nogil:
     cdef TrieNode root
@@ -1059,14 +1059,14 @@ cdef void _draft(NativeStore* local, NativeStore* shared,
     # than waited for; after synchronize() no writer holds one, so drafts
     # stay deterministic.
     if local != NULL and local.mtx.try_lock_shared():
-        if cursor.n >= 0 and local.n > cursor.n:
-            cursor.pace = PACE_DECAY * cursor.pace + (1.0 - PACE_DECAY) * <double>(local.n - cursor.n)
+        if state.n >= 0 and local.n > state.n:
+            state.pace = PACE_DECAY * state.pace + (1.0 - PACE_DECAY) * <double>(local.n - state.n)
         _gather(local, ctx, ctx_len, prm, local_weight, one_branch, cands)
         if prm.anchor_window > 0:
             _anchor(local, ctx, ctx_len, prm, local_weight, cands)
         if prm.copy_boost > 0:
-            _follow_copy(local, ctx, ctx_len, prm, local_weight, cursor, cands)
-        cursor.n = local.n
+            _follow_copy(local, ctx, ctx_len, prm, local_weight, state, cands)
+        state.n = local.n
         for c in range(cands.size()):
             _merge(local, &cands[c], depth, nodes)
         local.mtx.unlock_shared()
@@ -1086,7 +1086,7 @@ cdef void _draft(NativeStore* local, NativeStore* shared,
     cdef int skip = 1
     cdef DraftParams fill   # a cheap gather: these alternatives only fill spare slots
     if nodes.size() > 1:
-        if prm.wildcard_weight > 0 and cursor.pace < prm.wildcard_pace and ctx_len > 1:
+        if prm.wildcard_weight > 0 and state.pace < prm.wildcard_pace and ctx_len > 1:
             fill = prm[0]
             fill.max_walk = fill.enough_candidates = prm.wildcard_walk
             fill.top_walk = fill.low_walk = 0
@@ -1160,16 +1160,16 @@ cdef class Drafter:
         cdef NativeStore* local_s = local.s if local is not None else NULL
         cdef NativeStore* shared_s = shared.s if shared is not None else NULL
         # The request's draft state goes in and out by value, under the GIL.
-        cdef DraftState cursor
-        _fresh_state(&cursor)
+        cdef DraftState state
+        _fresh_state(&state)
         if local is not None:
-            cursor = local.cursor
+            state = local.draft_state
         with nogil:
             _draft(local_s, shared_s, self.ctx.data(), self.ctx.size(), budget,
-                   one_branch, &config.p, &cursor, self.cands, self.nodes,
+                   one_branch, &config.p, &state, self.cands, self.nodes,
                    self.out_tokens, self.out_parents)
         if local is not None:
-            local.cursor = cursor
+            local.draft_state = state
         self.drafts += 1
         self.drafted += self.out_tokens.size()
         return list(self.out_tokens), list(self.out_parents)

@@ -9,6 +9,7 @@
 // its prompt is still being indexed stays alive until the job is done.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -49,6 +50,33 @@ struct NativeStore {
 };
 
 typedef std::shared_ptr<NativeStore> StorePtr;
+
+// Drafts take priority over indexing.  Both are memory-bound, and the cores
+// a server gives its scheduler often share caches and execution units (SMT
+// siblings, vCPUs of one host core): on this project's 2-vCPU machines a
+// busy second vCPU makes a draft up to twice as slow.  So while a draft is
+// running anywhere in the process, the insert thread waits before each chunk
+// of a prompt it indexes, at most kMaxYieldUs per chunk, so that indexing
+// still progresses under back-to-back drafts.  A server drafts for a small
+// fraction of each step, so indexing hardly slows; shares of output into
+// the history are a few chunks each and do not wait.
+inline std::atomic<int>& drafts_running() {
+  static std::atomic<int> count{0};
+  return count;
+}
+inline bool& on_insert_thread() {
+  thread_local bool flag = false;
+  return flag;
+}
+inline void draft_begin() { drafts_running().fetch_add(1, std::memory_order_relaxed); }
+inline void draft_end() { drafts_running().fetch_sub(1, std::memory_order_relaxed); }
+inline int drafts_in_progress() { return drafts_running().load(std::memory_order_relaxed); }
+inline void yield_to_drafts() {
+  constexpr int kSleepUs = 10, kMaxYieldUs = 1000;
+  if (!on_insert_thread()) return;  // inline inserts (background=False) are the caller's own work
+  for (int waited = 0; waited < kMaxYieldUs && drafts_in_progress() > 0; waited += kSleepUs)
+    std::this_thread::sleep_for(std::chrono::microseconds(kSleepUs));
+}
 
 // What a job does to its store: append ``count`` tokens and index them, or
 // (``index_pending``) index what was appended earlier.  Implemented in Cython.
@@ -139,6 +167,7 @@ class InsertThread {
     // (on Linux, nice applies to the calling thread alone).
     setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), kNice);
 #endif
+    on_insert_thread() = true;  // see yield_to_drafts
     std::unique_lock<std::mutex> lock(mu_);
     int idle_polls = 0;
     for (;;) {

@@ -70,6 +70,10 @@ cdef extern from "_native.hpp" namespace "lookahead" nogil:
         int orders[8]
         shared_mutex mtx
     ctypedef shared_ptr[NativeStore] StorePtr
+    void draft_begin()
+    void draft_end()
+    int drafts_in_progress()
+    void yield_to_drafts()
     ctypedef void (*ApplyFn)(NativeStore*, const int32_t*, int64_t, bint) noexcept nogil
     cppclass InsertThread:
         InsertThread(ApplyFn apply, size_t max_pending)
@@ -170,6 +174,11 @@ cdef int _read_tokens(object src, Py_ssize_t tail, int64_t max_id, vector[int32_
     for i in range(v32.shape[0]):
         out.push_back(v32[i])
     return 0
+
+
+def drafts_running():
+    """Drafts in progress in this process (the insert thread yields to them)."""
+    return drafts_in_progress()
 
 
 def read_tokens(object src, int64_t max_id, str what="tokens"):
@@ -328,9 +337,11 @@ cdef void _store_append_chunked(NativeStore* s, const int32_t* src, int64_t coun
 
 
 cdef void _store_catch_up(NativeStore* s) noexcept nogil:
-    """Index everything appended so far, one chunk per lock hold."""
+    """Index everything appended so far (a prompt), one chunk per lock hold,
+    each after any running draft (see yield_to_drafts in _native.hpp)."""
     cdef int64_t done = 1
     while done > 0:
+        yield_to_drafts()
         s.mtx.lock()
         done = _index_locked(s, INDEX_CHUNK)
         s.mtx.unlock()
@@ -1165,9 +1176,11 @@ cdef class Drafter:
         if local is not None:
             state = local.draft_state
         with nogil:
+            draft_begin()
             _draft(local_s, shared_s, self.ctx.data(), self.ctx.size(), budget,
                    one_branch, &config.p, &state, self.cands, self.nodes,
                    self.out_tokens, self.out_parents)
+            draft_end()
         if local is not None:
             local.draft_state = state
         self.drafts += 1
@@ -1179,7 +1192,11 @@ cdef class Drafter:
         """:meth:`draft_context` for many requests; a list of (tokens, parents)."""
         cdef Py_ssize_t i
         out = []
-        for i in range(len(contexts)):
-            out.append(self.draft_context(locals_[i], shared, contexts[i], budget,
-                                          one_branch, config, max_id))
+        draft_begin()   # the whole batch, glue included, has priority over indexing
+        try:
+            for i in range(len(contexts)):
+                out.append(self.draft_context(locals_[i], shared, contexts[i], budget,
+                                              one_branch, config, max_id))
+        finally:
+            draft_end()
         return out

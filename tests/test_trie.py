@@ -984,6 +984,67 @@ def test_inserts_never_block_drafting():
         assert observed > 0, "indexing always finished before a draft could run"
 
 
+def test_prompt_indexing_progresses_under_back_to_back_batch_drafts():
+    """The insert thread yields to running drafts, but only for a bounded
+    time per chunk: a prompt is indexed even while another thread drafts
+    batches without pause (inside ``batch_draft`` a draft is always
+    running)."""
+    from lookahead._trie import drafts_running
+
+    marker, tail = list(range(1, 9)), [9, 10, 11, 12]
+    big = np.random.default_rng(2).integers(1000, 50000, size=1 << 15).astype(np.int32)
+    big[-100:-88] = marker + tail
+    with open_cache(max_memory_bytes=1 << 20) as cache:
+        for i in range(4):
+            cache.put_prompt(("live", i), [5, 6, 7, 8] * 4)
+        cache.synchronize()
+        stop, drafted = threading.Event(), []
+
+        def draft_batches():
+            rids, contexts = [("live", i) for i in range(4)], [[5, 6, 7, 8, 5, 6]] * 4
+            while not stop.is_set():
+                drafted.append(cache.batch_draft(rids, contexts, 4)[0].tokens)
+
+        drafter = threading.Thread(target=draft_batches)
+        drafter.start()
+        try:
+            while not drafted:
+                pass
+            cache.put_prompt("big", big)
+            indexer = threading.Thread(target=cache.synchronize)
+            indexer.start()
+            indexer.join(timeout=300)  # a hang detector, not a timing
+            assert not indexer.is_alive(), "prompt indexing starved by back-to-back drafts"
+        finally:
+            stop.set()
+            drafter.join()
+        assert drafts_running() == 0
+        assert all(d and d[0] == 7 for d in drafted)
+        assert cache.draft("big", marker, 4, one_branch=True).tokens == tail
+
+
+def test_drafts_running_is_zero_after_every_kind_of_return():
+    """The count the insert thread yields to is balanced even when a draft
+    raises: otherwise every later prompt would be indexed at the slow,
+    yielding pace."""
+    from lookahead._trie import drafts_running
+
+    with open_cache() as cache:
+        cache.put_prompt("a", [1, 2, 3, 1, 2])
+        cache.put_prompt("b", [4, 5, 6, 4, 5])
+        cache.synchronize()
+        assert drafts_running() == 0
+        assert cache.draft("a", [1, 2], 4).tokens[:1] == [3]
+        assert [d.tokens[:1] for d in cache.batch_draft(["a", "b"], [[1, 2], [4, 5]], 4)] == [[3], [6]]
+        with pytest.raises(ValueError, match="context"):
+            cache.batch_draft(["a", "b"], [[1, 2], [4, -5]], 4)  # fails on the second request
+        with pytest.raises(ValueError, match="unknown request"):
+            cache.batch_draft(["a", "zzz"], [[1, 2], [4, 5]], 4)
+        with pytest.raises(ValueError):
+            cache.draft("a", [1, 2**40], 4)
+        assert drafts_running() == 0
+
+
 def test_copy_resumes_at_its_source_after_an_edit():
     """After a substituted token, the context's last token also occurs later
     in the prompt (and, more recent, wins a tie of 1-token matches); copy

@@ -620,7 +620,6 @@ cdef struct TrieNode:
     int32_t parent
     int32_t first_child
     int32_t next_sibling
-    int32_t count      # occurrences whose continuation passes here
     double weight      # their summed weights
     double score       # estimated probability that the target accepts the path
 
@@ -938,7 +937,6 @@ cdef int32_t _child(vector[TrieNode]& nodes, int32_t parent, int32_t token) noex
     node.parent = parent
     node.first_child = -1
     node.weight = 0.0
-    node.count = 0
     node.score = 0.0
     node.next_sibling = nodes[parent].first_child
     nodes.push_back(node)
@@ -961,10 +959,8 @@ cdef void _merge(NativeStore* s, const Candidate* cand, int depth, vector[TrieNo
             break
         if i == 0:
             nodes[0].weight += cand.weight
-            nodes[0].count += 1
         cur = _child(nodes, cur, t)
         nodes[cur].weight += cand.weight
-        nodes[cur].count += 1
         q += 1
 
 
@@ -1061,7 +1057,6 @@ cdef void _draft(NativeStore* local, NativeStore* shared,
     root.first_child = -1
     root.next_sibling = -1
     root.weight = 0.0
-    root.count = 0
     root.score = 1.0
     nodes.push_back(root)
     # One shared-lock hold per store: gather its occurrences and merge them.

@@ -755,11 +755,14 @@ cdef int _gather(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftPar
             # An occurrence needs a continuation: skip the stream's last token
             # (that is the context itself) and tokens before a separator.
             if m >= k and q + 1 < n and s.tok[(q + 1) & s.mask] >= 0:
+                # Only a match as long as the next higher order can have
+                # been found already, by that order's walk.
                 dup = False
-                for c in range(start_count, cands.size()):
-                    if cands[c].pos == q:
-                        dup = True
-                        break
+                if o + 1 < s.norders and m >= s.orders[o + 1]:
+                    for c in range(start_count, cands.size()):
+                        if cands[c].pos == q:
+                            dup = True
+                            break
                 if not dup:
                     cand.pos = q
                     cand.match = m

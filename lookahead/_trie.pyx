@@ -85,6 +85,9 @@ cdef extern from "_native.hpp" namespace "lookahead" nogil:
         void close()
 
 
+cdef extern from *:
+    void __builtin_prefetch(const void* addr) noexcept nogil
+
 cdef enum:
     MAX_ORDERS = 8
     SEPARATOR = -1
@@ -668,6 +671,39 @@ cdef inline double _powi(double base, double e) noexcept nogil:
     return pow(base, e)
 
 
+cdef inline void _suffix_hashes(NativeStore* s, const int32_t* ctx, int ctx_len, uint64_t* hashes) noexcept nogil:
+    # Each order's suffix of the context, hashed as _index_locked hashes
+    # n-grams (0 for an order longer than the context).
+    cdef uint64_t h = 0
+    cdef int o, j, k, prev_k = 0
+    for o in range(s.norders):
+        k = s.orders[o]
+        if k > ctx_len:
+            hashes[o] = 0
+            continue
+        for j in range(prev_k, k):
+            h = (h ^ <uint32_t>ctx[ctx_len - 1 - j]) * GOLDEN
+        prev_k = k
+        hashes[o] = h
+
+
+cdef inline void _prefetch_heads(NativeStore* s, const int32_t* ctx, int ctx_len, bint past_last) noexcept nogil:
+    # Start loading the chain head of every order's suffix at once, and of
+    # the suffixes ending one token earlier if ``past_last`` (must hold
+    # s.mtx): each is a cache miss in a large store, which the gathers would
+    # otherwise wait for one at a time.
+    cdef uint64_t hashes[MAX_ORDERS]
+    cdef int o, shift = 64 - s.hbits
+    if s.n_indexed == 0:
+        return
+    _suffix_hashes(s, ctx, ctx_len, hashes)
+    for o in range(s.norders):
+        if s.orders[o] <= ctx_len:
+            __builtin_prefetch(&s.head[o][hashes[o] >> shift])
+    if past_last and ctx_len > 1:
+        _prefetch_heads(s, ctx, ctx_len - 1, False)
+
+
 cdef int _gather(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftParams* prm,
                  double store_weight, bint one_branch, vector[Candidate]& cands) noexcept nogil:
     """Collect occurrences of the context's longest suffixes in one store.
@@ -682,9 +718,9 @@ cdef int _gather(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftPar
     everyone's history; a request's own short contexts are mostly noise, and
     a chain only wants the heaviest one).
     """
-    cdef int o, k, j, m, beyond, steps, found = 0, prev_k, walk
+    cdef int o, k, m, beyond, steps, found = 0, walk
     cdef int shift = 64 - s.hbits
-    cdef uint64_t h, slot
+    cdef uint64_t slot
     cdef uint32_t e, d
     cdef int64_t q, base = s.n - s.cap if s.n > s.cap else 0
     cdef int64_t n = s.n
@@ -700,19 +736,7 @@ cdef int _gather(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftPar
 
     if s.n_indexed == 0 or ctx_len == 0:
         return 0
-    # Hash each order's suffix the same way _index_locked does.
-    h = 0
-    prev_k = 0
-    for o in range(s.norders):
-        k = s.orders[o]
-        if k > ctx_len:
-            hashes[o] = 0
-            continue
-        for j in range(prev_k, k):
-            h = (h ^ <uint32_t>ctx[ctx_len - 1 - j]) * GOLDEN
-        prev_k = k
-        hashes[o] = h
-
+    _suffix_hashes(s, ctx, ctx_len, hashes)
     o = s.norders - 1
     while o >= 0:
         k = s.orders[o]
@@ -1042,6 +1066,11 @@ cdef void _select(vector[TrieNode]& nodes, int budget, bint one_branch, double c
         _score_children(nodes, c, confidence, frontier)
 
 
+cdef inline bint _wants_alternatives(const DraftParams* prm, const DraftState* state, int ctx_len) noexcept nogil:
+    # Merge the wildcard alternatives (see _draft): a slowly advancing request.
+    return prm.wildcard_weight > 0 and state.pace < prm.wildcard_pace and ctx_len > 1
+
+
 cdef void _draft(NativeStore* local, NativeStore* shared,
                  const int32_t* ctx, int ctx_len, int budget, bint one_branch,
                  const DraftParams* prm, DraftState* state, vector[Candidate]& cands,
@@ -1070,6 +1099,7 @@ cdef void _draft(NativeStore* local, NativeStore* shared,
     if local != NULL and local.mtx.try_lock_shared():
         if state.n >= 0 and local.n > state.n:
             state.pace = PACE_DECAY * state.pace + (1.0 - PACE_DECAY) * <double>(local.n - state.n)
+        _prefetch_heads(local, ctx, ctx_len, _wants_alternatives(prm, state, ctx_len))
         _gather(local, ctx, ctx_len, prm, local_weight, one_branch, cands)
         if prm.anchor_window > 0:
             _anchor(local, ctx, ctx_len, prm, local_weight, cands)
@@ -1081,6 +1111,7 @@ cdef void _draft(NativeStore* local, NativeStore* shared,
         local.mtx.unlock_shared()
     cdef size_t first_shared = cands.size()
     if shared != NULL and <int>cands.size() < prm.max_candidates and shared.mtx.try_lock_shared():
+        _prefetch_heads(shared, ctx, ctx_len, _wants_alternatives(prm, state, ctx_len))
         _gather(shared, ctx, ctx_len, prm, 1.0, one_branch, cands)
         for c in range(first_shared, cands.size()):
             _merge(shared, &cands[c], depth, nodes)
@@ -1095,7 +1126,7 @@ cdef void _draft(NativeStore* local, NativeStore* shared,
     cdef int skip = 1
     cdef DraftParams fill   # a cheap gather: these alternatives only fill spare slots
     if nodes.size() > 1:
-        if prm.wildcard_weight > 0 and state.pace < prm.wildcard_pace and ctx_len > 1:
+        if _wants_alternatives(prm, state, ctx_len):
             fill = prm[0]
             fill.max_walk = fill.enough_candidates = prm.wildcard_walk
             fill.top_walk = fill.low_walk = 0

@@ -176,7 +176,6 @@ class Node:
     token: int
     parent: int
     weight: float = 0.0
-    count: int = 0
     score: float = 0.0
     children: list = field(default_factory=list)  # newest first, like the native sibling list
 
@@ -346,10 +345,8 @@ def merge(store: RefStore, cand: Candidate, depth: int, nodes: list) -> None:
             break
         if i == 0:
             nodes[0].weight += cand.weight
-            nodes[0].count += 1
         cur = child(nodes, cur, store.toks[q])
         nodes[cur].weight += cand.weight
-        nodes[cur].count += 1
         q += 1
 
 

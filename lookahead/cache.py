@@ -66,7 +66,7 @@ class LookaheadConfig:
     wildcard_tokens: int = 2  # nothing matches the context: draft past its last 1, then 2 tokens as if they were any (0: off)
     wildcard_weight: float = 0.05  # ... and past its last token at this weight, in requests whose pace is below:
     wildcard_pace: float = 2.5  # tokens a request advances per draft, moving average (low: not copying)
-    wildcard_walk: int = 4  # ... gathered cheaply: this many occurrences per order walked and enough
+    wildcard_walk: int = 7  # ... gathered cheaply: this many occurrences per order walked and enough
     share_outputs: bool = True  # feed outputs into the shared history
     share_prompt_tail: int = 24  # prompt tokens shared before the output, as its context (the question's end)
     flush_tokens: int = 128  # share a running request's output every this many tokens

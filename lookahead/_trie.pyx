@@ -1019,16 +1019,17 @@ cdef inline void _score_children(vector[TrieNode]& nodes, int32_t parent, double
 
 
 cdef void _select(vector[TrieNode]& nodes, int budget, bint one_branch, double confidence,
+                  vector[int32_t]& frontier, vector[int32_t]& slot_of,
                   vector[int32_t]& out_tokens, vector[int32_t]& out_parents) noexcept nogil:
     """Pick the draft: the heaviest chain, or the ``budget`` heaviest nodes.
 
     A node's score never exceeds its parent's, so taking nodes best-first
     from the frontier yields a connected tree whose parents precede children.
+    ``frontier`` and ``slot_of`` (trie node -> output index) are scratch.
     """
     cdef int32_t best, c, i, j
-    cdef vector[int32_t] frontier
-    cdef vector[int32_t] slot_of   # trie node -> output index
     cdef size_t k
+    frontier.clear()
     out_tokens.clear()
     out_parents.clear()
     if budget <= 0 or nodes.size() <= 1:
@@ -1074,8 +1075,8 @@ cdef inline bint _wants_alternatives(const DraftParams* prm, const DraftState* s
 cdef void _draft(NativeStore* local, NativeStore* shared,
                  const int32_t* ctx, int ctx_len, int budget, bint one_branch,
                  const DraftParams* prm, DraftState* state, vector[Candidate]& cands,
-                 vector[TrieNode]& nodes, vector[int32_t]& out_tokens,
-                 vector[int32_t]& out_parents) noexcept nogil:
+                 vector[TrieNode]& nodes, vector[int32_t]& frontier, vector[int32_t]& slot_of,
+                 vector[int32_t]& out_tokens, vector[int32_t]& out_parents) noexcept nogil:
     cdef TrieNode root
     cdef size_t c
     cdef int depth = budget
@@ -1137,7 +1138,7 @@ cdef void _draft(NativeStore* local, NativeStore* shared,
             _merge_past(local, shared, ctx, ctx_len, skip, depth, one_branch, prm, local_weight, 1.0,
                         cands, nodes)
             skip += 1
-    _select(nodes, budget, one_branch, prm.confidence, out_tokens, out_parents)
+    _select(nodes, budget, one_branch, prm.confidence, frontier, slot_of, out_tokens, out_parents)
 
 
 cdef void _merge_past(NativeStore* local, NativeStore* shared, const int32_t* ctx, int ctx_len, int skip,
@@ -1181,6 +1182,7 @@ cdef class Drafter:
     """Reusable scratch space for drafting; one per thread of callers."""
     cdef vector[Candidate] cands
     cdef vector[TrieNode] nodes
+    cdef vector[int32_t] frontier, slot_of
     cdef vector[int32_t] out_tokens
     cdef vector[int32_t] out_parents
     cdef vector[int32_t] ctx
@@ -1208,7 +1210,7 @@ cdef class Drafter:
             draft_begin()
             _draft(local_s, shared_s, self.ctx.data(), self.ctx.size(), budget,
                    one_branch, &config.p, &state, self.cands, self.nodes,
-                   self.out_tokens, self.out_parents)
+                   self.frontier, self.slot_of, self.out_tokens, self.out_parents)
             draft_end()
         if local is not None:
             local.draft_state = state

@@ -1193,6 +1193,11 @@ cdef class Drafter:
         """:meth:`draft` after a whole context (list or int array): only its
         last ``max_match`` ids (``anchor_gap + anchor_min + 32`` if more, for
         re-anchoring) are read and checked."""
+        return self._draft_one(local, shared, context, budget, one_branch, config, max_id)
+
+    cdef tuple _draft_one(self, TokenStore local, TokenStore shared, object context, int budget,
+                          bint one_branch, DraftConfig config, int64_t max_id):
+        # draft_context's body: a C call for draft_batch, no Python call per request.
         cdef int tail = config.p.max_match
         if config.p.anchor_window > 0 and tail < config.p.anchor_gap + config.p.anchor_min + 32:
             tail = config.p.anchor_gap + config.p.anchor_min + 32
@@ -1226,8 +1231,8 @@ cdef class Drafter:
         draft_begin()   # the whole batch, glue included, has priority over indexing
         try:
             for i in range(len(contexts)):
-                out.append(self.draft_context(locals_[i], shared, contexts[i], budget,
-                                              one_branch, config, max_id))
+                out.append(self._draft_one(locals_[i], shared, contexts[i], budget,
+                                           one_branch, config, max_id))
         finally:
             draft_end()
         return out

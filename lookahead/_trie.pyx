@@ -704,6 +704,31 @@ cdef inline void _prefetch_heads(NativeStore* s, const int32_t* ctx, int ctx_len
         _prefetch_heads(s, ctx, ctx_len - 1, False)
 
 
+cdef inline int64_t _chain_start(NativeStore* s, int o, const uint64_t* hashes, int ctx_len,
+                                 const DraftParams* prm) noexcept nogil:
+    # The latest occurrence of the context's order-``o`` suffix (a chain's
+    # first position; must hold s.mtx), or -1: none, or the order is unused.
+    cdef int k = s.orders[o]
+    cdef uint32_t e
+    cdef int64_t n = s.n
+    if k > ctx_len or k < prm.min_match:
+        return -1
+    e = s.head[o][hashes[o] >> (64 - s.hbits)]
+    if e == 0:
+        return -1
+    return n - 1 - <int64_t>(<uint32_t>(<uint32_t>n - e))
+
+
+cdef inline int _walk_limit(NativeStore* s, int o, const DraftParams* prm, bint one_branch) noexcept nogil:
+    # Occurrences visited on order o's chain (see _gather's docstring).
+    cdef int walk = prm.max_walk
+    if o == s.norders - 1 and prm.top_walk > walk and not s.ring:
+        walk = prm.top_walk
+    if s.orders[o] <= 2 and not one_branch and prm.low_walk > walk and s.ring:
+        walk = prm.low_walk
+    return walk
+
+
 cdef int _gather(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftParams* prm,
                  double store_weight, bint one_branch, vector[Candidate]& cands) noexcept nogil:
     """Collect occurrences of the context's longest suffixes in one store.
@@ -718,11 +743,9 @@ cdef int _gather(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftPar
     everyone's history; a request's own short contexts are mostly noise, and
     a chain only wants the heaviest one).
     """
-    cdef int o, k, m, beyond, steps, found = 0, walk
-    cdef int shift = 64 - s.hbits
-    cdef uint64_t slot
-    cdef uint32_t e, d
-    cdef int64_t q, base = s.n - s.cap if s.n > s.cap else 0
+    cdef int o, k, m, beyond, steps, found = 0, walk, so, swalk
+    cdef uint32_t d, sd
+    cdef int64_t q, sq, base = s.n - s.cap if s.n > s.cap else 0
     cdef int64_t n = s.n
     cdef int32_t t
     cdef int max_match = prm.max_match if prm.max_match < ctx_len else ctx_len
@@ -740,23 +763,30 @@ cdef int _gather(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftPar
     o = s.norders - 1
     while o >= 0:
         k = s.orders[o]
-        if k > ctx_len or k < prm.min_match:
+        q = _chain_start(s, o, hashes, ctx_len, prm)
+        if q < 0:
             o -= 1
             continue
         order_start = cands.size()
-        slot = hashes[o] >> shift
-        e = s.head[o][slot]
-        if e == 0:
-            o -= 1
-            continue
-        q = n - 1 - <int64_t>(<uint32_t>(<uint32_t>n - e))
+        walk = _walk_limit(s, o, prm, one_branch)
+        # A scout walks the chain of the order to be walked next, a step
+        # per step of this walk: each step is a cache miss in a large store,
+        # and two independent chains wait for memory at the same time.  It
+        # only reads, so what is gathered does not change.
+        so = o - 1
+        sq = -1
+        while so >= 0:
+            sq = _chain_start(s, so, hashes, ctx_len, prm)
+            if sq >= 0:
+                break
+            so -= 1
+        swalk = _walk_limit(s, so, prm, one_branch) if so >= 0 else 0
         steps = 0
-        walk = prm.max_walk
-        if o == s.norders - 1 and prm.top_walk > walk and not s.ring:
-            walk = prm.top_walk
-        if k <= 2 and not one_branch and prm.low_walk > walk and s.ring:
-            walk = prm.low_walk
         while q >= base and q < s.n_indexed and steps < walk:
+            if sq >= base and sq < s.n_indexed and steps < swalk:
+                __builtin_prefetch(&s.tok[sq & s.mask])
+                sd = s.prev[so][sq & s.mask]
+                sq = sq - sd if sd != 0 else -1
             steps += 1
             # Verify the match and measure how far back it goes.
             m = 0

@@ -743,7 +743,10 @@ cdef int _gather(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftPar
     everyone's history; a request's own short contexts are mostly noise, and
     a chain only wants the heaviest one).
     """
-    cdef int o, k, m, beyond, steps, found = 0, walk, so, swalk
+    cdef int o, k, m, beyond, steps, found = 0, walk, so, j, nscouts
+    cdef int scout_order[MAX_ORDERS]
+    cdef int scout_walk[MAX_ORDERS]
+    cdef int64_t scout_q[MAX_ORDERS]
     cdef uint32_t d, sd
     cdef int64_t q, sq, base = s.n - s.cap if s.n > s.cap else 0
     cdef int64_t n = s.n
@@ -769,24 +772,27 @@ cdef int _gather(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftPar
             continue
         order_start = cands.size()
         walk = _walk_limit(s, o, prm, one_branch)
-        # A scout walks the chain of the order to be walked next, a step
-        # per step of this walk: each step is a cache miss in a large store,
-        # and two independent chains wait for memory at the same time.  It
-        # only reads, so what is gathered does not change.
-        so = o - 1
-        sq = -1
-        while so >= 0:
+        # Scouts walk the chains of the lower orders, which are walked next
+        # if this one finds too few, a step per step of this walk: each
+        # step is a cache miss in a large store, and independent chains
+        # wait for memory at the same time.  They only read, so what is
+        # gathered does not change.
+        nscouts = 0
+        for so in range(o - 1, -1, -1):
             sq = _chain_start(s, so, hashes, ctx_len, prm)
             if sq >= 0:
-                break
-            so -= 1
-        swalk = _walk_limit(s, so, prm, one_branch) if so >= 0 else 0
+                scout_order[nscouts] = so
+                scout_q[nscouts] = sq
+                scout_walk[nscouts] = _walk_limit(s, so, prm, one_branch)
+                nscouts += 1
         steps = 0
         while q >= base and q < s.n_indexed and steps < walk:
-            if sq >= base and sq < s.n_indexed and steps < swalk:
-                __builtin_prefetch(&s.tok[sq & s.mask])
-                sd = s.prev[so][sq & s.mask]
-                sq = sq - sd if sd != 0 else -1
+            for j in range(nscouts):
+                sq = scout_q[j]
+                if sq >= base and sq < s.n_indexed and steps < scout_walk[j]:
+                    __builtin_prefetch(&s.tok[sq & s.mask])
+                    sd = s.prev[scout_order[j]][sq & s.mask]
+                    scout_q[j] = sq - sd if sd != 0 else -1
             steps += 1
             # Verify the match and measure how far back it goes.
             m = 0

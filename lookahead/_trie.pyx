@@ -704,19 +704,24 @@ cdef inline void _prefetch_heads(NativeStore* s, const int32_t* ctx, int ctx_len
         _prefetch_heads(s, ctx, ctx_len - 1, False)
 
 
+cdef inline int64_t _latest(NativeStore* s, int o, uint64_t h) noexcept nogil:
+    # The latest position whose order-``o`` n-gram hashes to ``h``'s slot
+    # (the head of its chain; must hold s.mtx), or -1.  Heads hold
+    # (position + 1) mod 2**32, see _index_locked.
+    cdef uint32_t e = s.head[o][h >> (64 - s.hbits)]
+    cdef int64_t n = s.n
+    if e == 0:
+        return -1
+    return n - 1 - <int64_t>(<uint32_t>(<uint32_t>n - e))
+
+
 cdef inline int64_t _chain_start(NativeStore* s, int o, const uint64_t* hashes, int ctx_len,
                                  const DraftParams* prm) noexcept nogil:
     # The latest occurrence of the context's order-``o`` suffix (a chain's
     # first position; must hold s.mtx), or -1: none, or the order is unused.
-    cdef int k = s.orders[o]
-    cdef uint32_t e
-    cdef int64_t n = s.n
-    if k > ctx_len or k < prm.min_match:
+    if s.orders[o] > ctx_len or s.orders[o] < prm.min_match:
         return -1
-    e = s.head[o][hashes[o] >> (64 - s.hbits)]
-    if e == 0:
-        return -1
-    return n - 1 - <int64_t>(<uint32_t>(<uint32_t>n - e))
+    return _latest(s, o, hashes[o])
 
 
 cdef inline int _walk_limit(NativeStore* s, int o, const DraftParams* prm, bint one_branch) noexcept nogil:
@@ -860,14 +865,13 @@ cdef void _anchor(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftPa
     ``o`` tokens (longest match, then nearest to where an equal-length edit
     would put it): the copy most likely resumes there, so it becomes a
     candidate weighted as a match of anchor + tail length."""
-    cdef int m_best = 0, o = 0, j, K, steps, am, best_am = 0, mq, best_mq = 0
+    cdef int m_best = 0, o = 0, K, steps, am, best_am = 0, mq, best_mq = 0
     cdef size_t c
     cdef int64_t q, r = -1, end, best_q = -1, dist, best_dist = 0
     cdef int64_t base = s.n - s.cap if s.n > s.cap else 0
     cdef int top = s.norders - 1
-    cdef int shift = 64 - s.hbits
-    cdef uint64_t h, slot
-    cdef uint32_t e, d
+    cdef uint64_t hashes[MAX_ORDERS]
+    cdef uint32_t d
     cdef Candidate cand
     for c in range(cands.size()):
         if cands[c].match > m_best:
@@ -878,16 +882,11 @@ cdef void _anchor(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftPa
     for o in range(1, prm.anchor_gap + 1):
         if o + K > ctx_len:
             return
-        # The K-gram ending o tokens before the context's end, hashed as
-        # _index_locked does.
-        h = 0
-        for j in range(K):
-            h = (h ^ <uint32_t>ctx[ctx_len - 1 - o - j]) * GOLDEN
-        slot = h >> shift
-        e = s.head[top][slot]
-        if e == 0:
+        # The K-gram ending o tokens before the context's end.
+        _suffix_hashes(s, ctx, ctx_len - o, hashes)
+        q = _latest(s, top, hashes[top])
+        if q < 0:
             continue
-        q = s.n - 1 - <int64_t>(<uint32_t>(<uint32_t>s.n - e))
         steps = 0
         best_am = 0
         while q >= base and steps < 8:

@@ -364,10 +364,11 @@ cdef struct DraftState:
     int64_t used   # the copy cursor (see _follow_copy): the source position that draft looked at (-1: none)
     int64_t src    # ... where that draft's heaviest own-stream occurrence ended (-1: none)
     double pace    # moving average of the tokens the stream grew by between drafts (see _draft)
+    int64_t prompt_end  # where the request's output starts in the stream (-1: not marked, see mark_prompt_end)
 
 
 cdef inline void _fresh_state(DraftState* st) noexcept nogil:
-    st.n = st.used = st.src = -1
+    st.n = st.used = st.src = st.prompt_end = -1
     st.pace = INITIAL_PACE
 
 
@@ -440,6 +441,11 @@ cdef class TokenStore:
             return
         with nogil:
             _store_append_chunked(self.s, &tokens[0], count)
+
+    def mark_prompt_end(self):
+        """What is appended from now on is the request's output (which drafts
+        may weigh above its prompt, see ``output_weight``)."""
+        self.draft_state.prompt_end = self._counts().n
 
     def index_pending(self):
         """Index all appended tokens (no GIL, one chunk per lock hold)."""
@@ -610,6 +616,7 @@ cdef struct DraftParams:
     double wildcard_weight # ... and past its last token at this weight while the request's pace is below wildcard_pace
     double wildcard_pace
     int wildcard_walk      # ... gathered walking this many occurrences per order, stopping at as many
+    double output_weight   # while the pace is below wildcard_pace: own-output occurrences weigh this much more than own-prompt ones
 
 
 cdef struct Candidate:
@@ -637,7 +644,7 @@ cdef class DraftConfig:
                   double order_norm=0.0, int top_walk=0, int low_walk=0, int anchor_window=0,
                   int anchor_below=4, int anchor_gap=24, int anchor_min=16, double copy_boost=0.0,
                   int wildcard_tokens=0, double mismatch_weight=0.0, double wildcard_weight=0.0,
-                  double wildcard_pace=0.0, int wildcard_walk=4):
+                  double wildcard_pace=0.0, int wildcard_walk=4, double output_weight=1.0):
         self.p.max_match = max_match
         self.p.max_walk = max_walk
         self.p.max_candidates = min(max_candidates, MAX_CANDIDATES_LIMIT)
@@ -660,6 +667,7 @@ cdef class DraftConfig:
         self.p.wildcard_weight = wildcard_weight
         self.p.wildcard_pace = wildcard_pace
         self.p.wildcard_walk = wildcard_walk
+        self.p.output_weight = output_weight
 
 
 cdef inline double _powi(double base, double e) noexcept nogil:
@@ -988,6 +996,21 @@ cdef void _follow_copy(NativeStore* s, const int32_t* ctx, int ctx_len, const Dr
             state.src = cands[c].pos
 
 
+cdef void _weigh_output(const DraftParams* prm, const DraftState* state, vector[Candidate]& cands) noexcept nogil:
+    """A request that is not copying (chat, fresh code) repeats its own
+    answer more than it quotes its prompt: its lists, names and phrasing
+    recur.  So there its occurrences in its own output weigh
+    ``output_weight`` times those in its prompt (call with ``cands`` holding
+    the request's own occurrences only).  In a request that is copying, the
+    prompt is the source and keeps its weight."""
+    cdef size_t c
+    if prm.output_weight == 1.0 or state.prompt_end < 0 or state.pace >= prm.wildcard_pace:
+        return
+    for c in range(cands.size()):
+        if cands[c].pos >= state.prompt_end:
+            cands[c].weight *= prm.output_weight
+
+
 cdef int32_t _child(vector[TrieNode]& nodes, int32_t parent, int32_t token) noexcept nogil:
     cdef int32_t c = nodes[parent].first_child
     while c >= 0:
@@ -1141,6 +1164,7 @@ cdef void _draft(NativeStore* local, NativeStore* shared,
             _anchor(local, ctx, ctx_len, prm, local_weight, cands)
         if prm.copy_boost > 0:
             _follow_copy(local, ctx, ctx_len, prm, local_weight, state, cands)
+        _weigh_output(prm, state, cands)
         state.n = local.n
         for c in range(cands.size()):
             _merge(local, &cands[c], depth, nodes)

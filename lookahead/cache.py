@@ -67,6 +67,7 @@ class LookaheadConfig:
     wildcard_weight: float = 0.05  # ... and past its last token at this weight, in requests whose pace is below:
     wildcard_pace: float = 2.5  # tokens a request advances per draft, moving average (low: not copying)
     wildcard_walk: int = 7  # ... gathered cheaply: this many occurrences per order walked and enough
+    output_weight: float = 2.0  # a request below wildcard_pace: its own output weighs this much more than its prompt
     share_outputs: bool = True  # feed outputs into the shared history
     share_prompt_tail: int = 24  # prompt tokens shared before the output, as its context (the question's end)
     flush_tokens: int = 128  # share a running request's output every this many tokens
@@ -100,6 +101,8 @@ class LookaheadConfig:
         for name in ("copy_boost", "mismatch_weight", "wildcard_weight", "wildcard_pace"):
             if not getattr(self, name) >= 0:  # NaN fails too
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if not self.output_weight > 0 or self.output_weight == float("inf"):
+            raise ValueError(f"output_weight must be a positive finite number, got {self.output_weight!r}")
         if self.share_prompt_tail < 0:
             raise ValueError(f"share_prompt_tail must be >= 0, got {self.share_prompt_tail}")
         if self.vocab_size is not None and (not isinstance(self.vocab_size, int) or self.vocab_size < 1):
@@ -164,6 +167,7 @@ class LookaheadCache:
             wildcard_weight=config.wildcard_weight,
             wildcard_pace=config.wildcard_pace,
             wildcard_walk=config.wildcard_walk,
+            output_weight=config.output_weight,
         )
         self._max_id = MAX_TOKEN_ID if config.vocab_size is None else config.vocab_size - 1
         self._shared = TokenStore(config.shared_capacity, True, config.orders)
@@ -182,6 +186,7 @@ class LookaheadCache:
         store = TokenStore(max(1024, 2 * len(arr) + 256), False, self.config.orders)
         # The raw copy is a memcpy; the indexing is the expensive part.
         store.append_tokens(arr, False)
+        store.mark_prompt_end()
         with self._lock:
             if rid in self._requests:
                 raise ValueError(f"request {rid!r} already has a prompt; call finish() before reusing its id")

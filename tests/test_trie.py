@@ -133,6 +133,7 @@ RANDOM_CONFIG = st.fixed_dictionaries({
     "wildcard_weight": st.sampled_from([0.0, 0.05, 1.0]),
     "wildcard_pace": st.sampled_from([0.0, 2.5, 4.0]),
     "wildcard_walk": st.sampled_from([1, 4, 16]),
+    "output_weight": st.sampled_from([0.5, 1.0, 2.0]),
     "min_match_len": st.sampled_from([1, 1, 2, 3, 4]),
     "confidence": st.sampled_from([0.0, 1.0, 8.0]),
     "order_norm": st.sampled_from([0.0, 0.5, 1.0]),
@@ -926,6 +927,9 @@ def test_huge_budget_is_a_clean_error_or_works():
     ({"wildcard_weight": -1.0}, "wildcard_weight"),
     ({"wildcard_pace": float("nan")}, "wildcard_pace"),
     ({"wildcard_walk": 0}, "wildcard_walk"),
+    ({"output_weight": 0.0}, "output_weight"),
+    ({"output_weight": float("inf")}, "output_weight"),
+    ({"output_weight": float("nan")}, "output_weight"),
     ({"mismatch_weight": float("nan")}, "mismatch_weight"),
     ({"wildcard_tokens": 1.5}, "wildcard_tokens"),
     ({"confidence": -0.5}, "confidence"),
@@ -1133,6 +1137,28 @@ def test_wildcard_alternatives_only_for_requests_that_advance_slowly():
                 cache.draft("r", context, 4)
             cache.put_output("r", [10, 6])
             assert cache.draft("r", context + [10, 6], 4).tokens == expected
+
+
+def test_own_output_weighs_more_while_not_copying():
+    """Two occurrences in the prompt say 50 follows 40 41; one in the
+    request's output says 60.  A request advancing a token per draft (not
+    copying) weighs its own output ``output_weight`` times its prompt, so at
+    3 the output's continuation wins; one advancing 8 tokens per draft
+    (copying) keeps the prompt's, its source."""
+    prompt = [1, 40, 41, 50, 51, 2, 40, 41, 50, 51, 3]
+    output = list(range(100, 116)) + [5, 40, 41, 60, 61, 6, 40, 41]
+    isolate = dict(copy_boost=0.0, mismatch_weight=0.0, anchor_window=0, wildcard_weight=0.0)
+    for output_weight, per_step, expected in ((1.0, 1, 50), (3.0, 1, 60), (3.0, 8, 50)):
+        with open_cache(max_memory_bytes=1 << 20, output_weight=output_weight, **isolate) as cache:
+            cache.put_prompt("r", prompt)
+            cache.synchronize()
+            context = list(prompt)
+            for i in range(0, len(output), per_step):
+                cache.put_output("r", output[i:i + per_step])
+                context += output[i:i + per_step]
+                draft = cache.draft("r", context, 2)
+            assert draft.tokens[0] == expected, (output_weight, per_step, draft)
+            assert cache.draft("r", context, 2, one_branch=True).tokens == [expected, expected + 1]
 
 
 def test_matches_go_on_past_one_mismatch_in_the_own_stream():

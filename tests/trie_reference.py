@@ -40,6 +40,10 @@ Drafting one request after ``context`` (only its last ``max_match_len`` ids):
    an order is divided by (its order's occurrence count) ** order_norm.
    The shared history is only searched if fewer than ``max_candidates``
    occurrences were found in the request's own store.
+   In the request's own store, after re-anchoring and following the copy
+   (see ``anchor`` and ``follow_copy``), each occurrence in the output (at or
+   after the prompt's end) is multiplied by ``output_weight`` while the
+   request's pace (see step 2) is below ``wildcard_pace``.
 2. *Merge* the continuation of each occurrence, in the order found, into a
    draft trie (up to ``budget`` tokens, stopping at a separator or at the end
    of the stream): every node on the path gains the occurrence's weight, and
@@ -118,6 +122,7 @@ class RefStore:
         self._indexed: dict = {}  # (order, hbits) -> positions indexed so far
         self.cursor = (-1, -1, -1)  # copy cursor of a request's store: (n, used, src), see follow_copy
         self.pace = INITIAL_PACE  # of a request's store: see draft
+        self.prompt_end: int | None = None  # where a request's output starts (set by RefCache.put_prompt)
 
     @property
     def n(self) -> int:
@@ -212,6 +217,7 @@ class Params:
     wildcard_weight: float = 0.0
     wildcard_pace: float = 0.0
     wildcard_walk: int = 4
+    output_weight: float = 1.0
 
     def __post_init__(self):
         self.max_candidates = min(self.max_candidates, MAX_CANDIDATES_LIMIT)
@@ -227,7 +233,7 @@ class Params:
                    anchor_gap=cfg.anchor_gap, anchor_min=cfg.anchor_min, copy_boost=cfg.copy_boost,
                    wildcard_tokens=cfg.wildcard_tokens, mismatch_weight=cfg.mismatch_weight,
                    wildcard_weight=cfg.wildcard_weight, wildcard_pace=cfg.wildcard_pace,
-                   wildcard_walk=cfg.wildcard_walk)
+                   wildcard_walk=cfg.wildcard_walk, output_weight=cfg.output_weight)
 
 
 def gather(store: RefStore, ctx: list, prm: Params, store_weight: float, cands: list,
@@ -428,6 +434,10 @@ def draft(local: RefStore | None, shared: RefStore | None, context, budget: int,
             anchor(local, ctx, prm, local_weight, cands)
         if prm.copy_boost > 0:
             follow_copy(local, ctx, prm, local_weight, cands)
+        if local.prompt_end is not None and pace < prm.wildcard_pace:
+            for c in cands:
+                if c.pos >= local.prompt_end:
+                    c.weight *= prm.output_weight
         local.cursor = (local.n,) + local.cursor[1:]
         for c in cands:
             merge(local, c, budget, nodes)
@@ -496,6 +506,7 @@ class RefCache:
         assert rid not in self.requests
         store = RefStore(max(1024, 2 * len(tokens) + 256), False, self.config.orders)
         store.append(tokens)
+        store.prompt_end = len(tokens)
         self.requests[rid] = RefRequest(store, len(tokens), len(tokens))
 
     def put_output(self, rid, tokens) -> None:

@@ -1119,6 +1119,18 @@ def test_draft_past_tokens_never_seen():
                     assert draft.parents == [-1, 0, 1]
 
 
+def feed_at_pace(cache, rid, context: list, tokens: list, per_step: int, budget: int):
+    """Give ``rid`` its ``tokens`` ``per_step`` at a time with a draft after
+    each, as a server does (this sets the request's pace); ``context`` grows
+    in place.  Returns the last draft."""
+    draft = None
+    for i in range(0, len(tokens), per_step):
+        cache.put_output(rid, tokens[i:i + per_step])
+        context += tokens[i:i + per_step]
+        draft = cache.draft(rid, context, budget)
+    return draft
+
+
 def test_wildcard_alternatives_only_for_requests_that_advance_slowly():
     """A request whose drafts advance it about one token per step (not
     copying) also gets, at a low weight, what followed the token before its
@@ -1131,10 +1143,7 @@ def test_wildcard_alternatives_only_for_requests_that_advance_slowly():
             cache.put_prompt("r", prompt)
             cache.synchronize()
             context = list(prompt)
-            for i in range(0, len(filler), per_step):
-                cache.put_output("r", filler[i:i + per_step])
-                context += filler[i:i + per_step]
-                cache.draft("r", context, 4)
+            feed_at_pace(cache, "r", context, filler, per_step, 4)
             cache.put_output("r", [10, 6])
             assert cache.draft("r", context + [10, 6], 4).tokens == expected
 
@@ -1153,10 +1162,7 @@ def test_own_output_weighs_more_while_not_copying():
             cache.put_prompt("r", prompt)
             cache.synchronize()
             context = list(prompt)
-            for i in range(0, len(output), per_step):
-                cache.put_output("r", output[i:i + per_step])
-                context += output[i:i + per_step]
-                draft = cache.draft("r", context, 2)
+            draft = feed_at_pace(cache, "r", context, output, per_step, 2)
             assert draft.tokens[0] == expected, (output_weight, per_step, draft)
             assert cache.draft("r", context, 2, one_branch=True).tokens == [expected, expected + 1]
 

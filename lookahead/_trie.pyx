@@ -996,6 +996,12 @@ cdef void _follow_copy(NativeStore* s, const int32_t* ctx, int ctx_len, const Dr
             state.src = cands[c].pos
 
 
+cdef inline bint _not_copying(const DraftParams* prm, const DraftState* state) noexcept nogil:
+    # A request advancing slowly (its pace below wildcard_pace) is writing,
+    # not copying: the wildcard alternatives and the output weight apply.
+    return state.pace < prm.wildcard_pace
+
+
 cdef void _weigh_output(const DraftParams* prm, const DraftState* state, vector[Candidate]& cands) noexcept nogil:
     """A request that is not copying (chat, fresh code) repeats its own
     answer more than it quotes its prompt: its lists, names and phrasing
@@ -1004,7 +1010,7 @@ cdef void _weigh_output(const DraftParams* prm, const DraftState* state, vector[
     the request's own occurrences only).  In a request that is copying, the
     prompt is the source and keeps its weight."""
     cdef size_t c
-    if prm.output_weight == 1.0 or state.prompt_end < 0 or state.pace >= prm.wildcard_pace:
+    if prm.output_weight == 1.0 or state.prompt_end < 0 or not _not_copying(prm, state):
         return
     for c in range(cands.size()):
         if cands[c].pos >= state.prompt_end:
@@ -1127,7 +1133,7 @@ cdef void _select(vector[TrieNode]& nodes, int budget, bint one_branch, double c
 
 cdef inline bint _wants_alternatives(const DraftParams* prm, const DraftState* state, int ctx_len) noexcept nogil:
     # Merge the wildcard alternatives (see _draft): a slowly advancing request.
-    return prm.wildcard_weight > 0 and state.pace < prm.wildcard_pace and ctx_len > 1
+    return prm.wildcard_weight > 0 and _not_copying(prm, state) and ctx_len > 1
 
 
 cdef void _draft(NativeStore* local, NativeStore* shared,

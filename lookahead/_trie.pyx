@@ -31,6 +31,8 @@ from libc.math cimport pow
 from libcpp.memory cimport make_shared, shared_ptr
 from libcpp.vector cimport vector
 
+from cpython.object cimport PyObject, PyTypeObject
+
 import numpy as np
 cimport numpy as cnp
 
@@ -109,6 +111,9 @@ cdef inline int _log2_ceil(int64_t x) noexcept nogil:
 
 
 cdef object _as_token_array = None
+
+cdef extern from "Python.h":
+    PyTypeObject PyTuple_Type
 
 
 cdef int _bad_token(str what, object value, Py_ssize_t index, int64_t max_id) except -1:
@@ -1244,7 +1249,13 @@ cdef void _gather_past(NativeStore* s, const int32_t* ctx, int ctx_len, int skip
 
 
 cdef class Drafter:
-    """Reusable scratch space for drafting; one per thread of callers."""
+    """Reusable scratch space for drafting; one per thread of callers.
+
+    Drafts are returned as ``result_type`` instances, a tuple subclass of
+    (tokens, parents) such as ``lookahead.cache.Draft``, built here: a
+    namedtuple's Python-level constructor cost more than a whole batch's
+    other glue."""
+    cdef object result_type
     cdef vector[Candidate] cands
     cdef vector[TrieNode] nodes
     cdef vector[int32_t] frontier, slot_of
@@ -1253,6 +1264,19 @@ cdef class Drafter:
     cdef vector[int32_t] ctx
     cdef public int64_t drafts, drafted   # counters for stats()
 
+    def __cinit__(self, type result_type=tuple):
+        if not issubclass(result_type, tuple):
+            raise TypeError(f"result_type must be a tuple subclass, got {result_type!r}")
+        self.result_type = result_type
+
+    cdef object _result(self, list tokens, list parents):
+        # tuple.__new__(result_type, (tokens, parents)), without a Python call
+        cdef tuple items = (tokens, parents)
+        if self.result_type is tuple:
+            return items
+        cdef tuple args = (items,)
+        return PyTuple_Type.tp_new(self.result_type, <PyObject*>args, NULL)
+
     def draft_context(self, TokenStore local, TokenStore shared, object context, int budget,
                       bint one_branch, DraftConfig config, int64_t max_id):
         """:meth:`draft` after a whole context (list or int array): only its
@@ -1260,7 +1284,7 @@ cdef class Drafter:
         re-anchoring) are read and checked."""
         return self._draft_one(local, shared, context, budget, one_branch, config, max_id)
 
-    cdef tuple _draft_one(self, TokenStore local, TokenStore shared, object context, int budget,
+    cdef object _draft_one(self, TokenStore local, TokenStore shared, object context, int budget,
                           bint one_branch, DraftConfig config, int64_t max_id):
         # draft_context's body: a C call for draft_batch, no Python call per request.
         cdef int tail = config.p.max_match
@@ -1268,7 +1292,7 @@ cdef class Drafter:
             tail = config.p.anchor_gap + config.p.anchor_min + 32
         _read_tokens(context, tail, max_id, self.ctx, "context")
         if self.ctx.size() == 0 or budget <= 0:
-            return [], []
+            return self._result([], [])
         cdef NativeStore* local_s = local.s if local is not None else NULL
         cdef NativeStore* shared_s = shared.s if shared is not None else NULL
         # The request's draft state goes in and out by value, under the GIL.
@@ -1286,11 +1310,11 @@ cdef class Drafter:
             local.draft_state = state
         self.drafts += 1
         self.drafted += self.out_tokens.size()
-        return list(self.out_tokens), list(self.out_parents)
+        return self._result(list(self.out_tokens), list(self.out_parents))
 
     def draft_batch(self, list locals_, TokenStore shared, list contexts, int budget,
                     bint one_branch, DraftConfig config, int64_t max_id):
-        """:meth:`draft_context` for many requests; a list of (tokens, parents)."""
+        """:meth:`draft_context` for many requests, in a list."""
         cdef Py_ssize_t i
         out = []
         draft_begin()   # the whole batch, glue included, has priority over indexing

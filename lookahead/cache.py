@@ -19,7 +19,7 @@ from typing import Any, Hashable, NamedTuple, Sequence
 import numpy as np
 
 from lookahead._trie import DraftConfig, Drafter, Inserter, TokenStore, read_tokens
-from lookahead.tokens import MAX_BUDGET, MAX_TOKEN_ID, check_budget
+from lookahead.tokens import MAX_TOKEN_ID, check_budget
 
 _FORMAT_VERSION = 1
 
@@ -238,7 +238,7 @@ class LookaheadCache:
         try:
             return self._scratch.drafter
         except AttributeError:
-            drafter = self._scratch.drafter = Drafter()
+            drafter = self._scratch.drafter = Drafter(Draft)
             with self._lock:
                 self._drafters.append(drafter)
             return drafter
@@ -249,14 +249,12 @@ class LookaheadCache:
         Only the context's last ``max_match_len`` ids are read.  An empty draft
         means nothing matched.
         """
-        if type(budget) is not int or budget < 0 or budget > MAX_BUDGET:
-            budget = check_budget(budget)
+        budget = check_budget(budget)
         req = self._requests.get(rid)
         if req is None:
             raise ValueError(f"unknown request {rid!r}: call put_prompt() first")
-        tokens, parents = self._drafter().draft_context(req.store, self._shared, context, budget,
-                                                        one_branch, self._draft_config, self._max_id)
-        return Draft(tokens, parents)
+        return self._drafter().draft_context(req.store, self._shared, context, budget,
+                                             one_branch, self._draft_config, self._max_id)
 
     def batch_draft(self, rids: Sequence[Hashable], contexts: Sequence[Any], budget: int,
                     one_branch: bool = False) -> list[Draft]:
@@ -270,9 +268,8 @@ class LookaheadCache:
             if req is None:
                 raise ValueError(f"unknown request {rid!r}: call put_prompt() first")
             stores.append(req.store)
-        results = self._drafter().draft_batch(stores, self._shared, list(contexts), budget, one_branch,
-                                              self._draft_config, self._max_id)
-        return [Draft(t, p) for t, p in results]
+        return self._drafter().draft_batch(stores, self._shared, list(contexts), budget, one_branch,
+                                           self._draft_config, self._max_id)
 
     # -- introspection and persistence ----------------------------------------
 

@@ -32,7 +32,7 @@ for _p in (str(REPO), str(Path(__file__).resolve().parent)):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from lookahead import LookaheadCache, LookaheadConfig  # noqa: E402
+from lookahead import Draft, LookaheadCache, LookaheadConfig  # noqa: E402
 from lookahead.replay import accepted_length, make_drafter, replay  # noqa: E402
 from lookahead.baselines import tree_from_mask  # noqa: E402
 from trie_reference import RefCache  # noqa: E402
@@ -61,6 +61,7 @@ def as_input(tokens, kind: str):
 
 def check_draft(draft, budget: int, one_branch: bool) -> None:
     """Structural invariants of every draft."""
+    assert type(draft) is Draft, type(draft)  # built natively, from any thread's drafter
     tokens, parents = list(draft[0]), list(draft[1])
     assert len(tokens) == len(parents) <= budget
     seen = set()

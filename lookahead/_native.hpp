@@ -20,7 +20,11 @@
 #include <thread>
 #include <vector>
 
+#include <cstdlib>
+#include <new>
+
 #ifdef __linux__
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -28,12 +32,47 @@
 
 namespace lookahead {
 
+// Arrays of 2 MiB or more go on transparent huge pages where the kernel
+// offers them (THP "madvise" or "always").  The shared history's stream and
+// index are tens of MiB that every draft reads at random, one chain step at
+// a time: with 4 KiB pages nearly each step is a TLB miss too, and in a VM
+// a TLB miss walks two levels of page tables.
+template <class T>
+struct HugePageAllocator {
+  using value_type = T;
+  static constexpr size_t kHuge = size_t(2) << 20;
+  HugePageAllocator() noexcept = default;
+  template <class U>
+  HugePageAllocator(const HugePageAllocator<U>&) noexcept {}
+  T* allocate(size_t n) {
+    size_t bytes = n * sizeof(T);
+    void* p = nullptr;
+#ifdef MADV_HUGEPAGE
+    if (bytes >= kHuge) {
+      bytes = (bytes + kHuge - 1) & ~(kHuge - 1);
+      if (posix_memalign(&p, kHuge, bytes) != 0) throw std::bad_alloc();
+      madvise(p, bytes, MADV_HUGEPAGE);  // advice only: 4 KiB pages if refused
+      return static_cast<T*>(p);
+    }
+#endif
+    if (!(p = std::malloc(bytes ? bytes : 1))) throw std::bad_alloc();
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t) noexcept { std::free(p); }
+  template <class U>
+  bool operator==(const HugePageAllocator<U>&) const noexcept { return true; }
+  template <class U>
+  bool operator!=(const HugePageAllocator<U>&) const noexcept { return false; }
+};
+template <class T>
+using BigVector = std::vector<T, HugePageAllocator<T>>;
+
 // One token stream and its n-gram occurrence index (see TokenStore in
 // _trie.pyx, which holds one of these and implements its operations).
 struct NativeStore {
-  std::vector<int32_t> tok;
-  std::vector<std::vector<uint32_t>> prev;  // per order: distance to previous occurrence (0: none)
-  std::vector<std::vector<uint32_t>> head;  // per order: hash slot -> (position + 1) mod 2**32
+  BigVector<int32_t> tok;
+  std::vector<BigVector<uint32_t>> prev;  // per order: distance to previous occurrence (0: none)
+  std::vector<BigVector<uint32_t>> head;  // per order: hash slot -> (position + 1) mod 2**32
   int64_t n = 0;          // tokens appended
   int64_t n_indexed = 0;  // positions linked into the chains
   int64_t run = 0;        // consecutive non-separator tokens ending at n_indexed - 1

@@ -646,6 +646,42 @@ def test_memory_flat_over_request_churn():
         assert rss - checkpoints[50_000][1] < 8 << 20
 
 
+def _anon_huge_bytes() -> int:
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("AnonHugePages:"):
+                return int(line.split()[1]) << 10
+    return 0
+
+
+def _thp_mode() -> str:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return f.read().split("[")[1].split("]")[0]
+    except (OSError, IndexError):
+        return "unavailable"
+
+
+@pytest.mark.skipif(_thp_mode() not in ("always", "madvise"),
+                    reason=f"the kernel offers no transparent huge pages ({_thp_mode()})")
+def test_shared_history_lives_on_huge_pages():
+    """The shared history's arrays (read at random by every draft) are
+    advised onto 2 MiB pages; a request store's small arrays are not."""
+    before = _anon_huge_bytes()
+    with open_cache(max_memory_bytes=64 << 20) as cache:
+        shared = cache.stats()["shared_bytes"]
+        assert _anon_huge_bytes() - before >= shared // 2, (before, _anon_huge_bytes(), shared)
+        cache.put_prompt("r", list(range(1000)))
+        cache.synchronize()
+        huge = _anon_huge_bytes()
+        assert cache.draft("r", list(range(10)), 4).tokens == list(range(10, 14))
+        for i in range(20):
+            cache.put_prompt(i, list(range(2000)))
+        cache.synchronize()
+        if _thp_mode() == "madvise":  # ("always" may put any large malloc arena on huge pages)
+            assert _anon_huge_bytes() == huge  # 20 request stores: small arrays, plain pages
+
+
 # ---------------------------------------------------------------------------
 # Save / load
 # ---------------------------------------------------------------------------

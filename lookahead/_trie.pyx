@@ -1264,17 +1264,14 @@ cdef class Drafter:
     cdef vector[int32_t] ctx
     cdef public int64_t drafts, drafted   # counters for stats()
 
-    def __cinit__(self, type result_type=tuple):
+    def __cinit__(self, type result_type):
         if not issubclass(result_type, tuple):
             raise TypeError(f"result_type must be a tuple subclass, got {result_type!r}")
         self.result_type = result_type
 
     cdef object _result(self, list tokens, list parents):
         # tuple.__new__(result_type, (tokens, parents)), without a Python call
-        cdef tuple items = (tokens, parents)
-        if self.result_type is tuple:
-            return items
-        cdef tuple args = (items,)
+        cdef tuple args = ((tokens, parents),)
         return PyTuple_Type.tp_new(self.result_type, <PyObject*>args, NULL)
 
     def draft_context(self, TokenStore local, TokenStore shared, object context, int budget,

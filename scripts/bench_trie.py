@@ -12,7 +12,8 @@ Measured on real token ids from the replay traces (``../shared/traces``):
   gets its 1-3 newly accepted tokens and a draft.  LOOKAHEAD: ``put_output``
   per request, then ``draft`` (batch 1) or ``batch_draft`` (batch 4).  NGRAM,
   as ``ngram_worker.py`` drives it: ``batch_put`` of the tails (last 18
-  tokens), ``synchronize``, ``batch_get``;
+  tokens), ``synchronize``, ``batch_get``.  How many tokens each request
+  accepts is drawn before the step's clock starts;
 * the same batch-4 step while a 32k-token prompt is being indexed in the
   background (the steps issued from the start of the insert until it is
   complete; NGRAM's first step waits in ``synchronize`` for the insert);
@@ -134,9 +135,15 @@ class Request:
     stream: np.ndarray  # context (4k) + continuation
     pos: int = CONTEXT_TOKENS  # tokens accepted so far
     rng: random.Random = field(default_factory=random.Random)
+    accepted: int = 0  # tokens the next step accepts
+
+    def draw(self) -> None:
+        """Outside the timed region: how many tokens the next step accepts
+        (the random module's cost is the benchmark's, not a drafter's)."""
+        self.accepted = self.rng.randint(1, 3)
 
     def advance(self) -> int:
-        n = self.rng.randint(1, 3)
+        n = self.accepted
         self.pos += n
         return n
 
@@ -284,11 +291,13 @@ class Batch:
         return req
 
     def renew(self) -> None:
-        """Outside the timed region: replace requests about to run out of tokens."""
+        """Outside the timed region: replace requests about to run out of
+        tokens, and draw what each request accepts next."""
         for i, r in enumerate(self.reqs):
             if r.pos + 3 > len(r.stream):
                 self.side.stop(r)
-                self.reqs[i] = self._new()
+                self.reqs[i] = r = self._new()
+            r.draw()
 
     def close(self) -> None:
         for r in self.reqs:

@@ -13,6 +13,7 @@ No test measures time; throughput and latency are for ``scripts/bench_trie.py``.
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import json
 import os
@@ -667,6 +668,7 @@ def _thp_mode() -> str:
 def test_shared_history_lives_on_huge_pages():
     """The shared history's arrays (read at random by every draft) are
     advised onto 2 MiB pages; a request store's small arrays are not."""
+    gc.collect()  # no earlier test's cache is freed while this one measures
     before = _anon_huge_bytes()
     with open_cache(max_memory_bytes=64 << 20) as cache:
         shared = cache.stats()["shared_bytes"]
@@ -679,7 +681,7 @@ def test_shared_history_lives_on_huge_pages():
             cache.put_prompt(i, list(range(2000)))
         cache.synchronize()
         if _thp_mode() == "madvise":  # ("always" may put any large malloc arena on huge pages)
-            assert _anon_huge_bytes() == huge  # 20 request stores: small arrays, plain pages
+            assert _anon_huge_bytes() <= huge  # 20 request stores: small arrays, plain pages
 
 
 # ---------------------------------------------------------------------------

@@ -90,6 +90,21 @@ struct NativeStore {
 
 typedef std::shared_ptr<NativeStore> StorePtr;
 
+// Size a new store's arrays from its capacity, hash bits and orders: every
+// token a separator (-1, SEPARATOR in _trie.pyx), every link and chain head
+// empty.  A std::bad_alloc
+// reaches Python as MemoryError (declared ``except +``), so a memory budget
+// the process cannot hold is an error, not an abort.
+inline void allocate_store(NativeStore* s) {
+  s->tok.assign(static_cast<size_t>(s->cap), -1);
+  s->prev.resize(s->norders);
+  s->head.resize(s->norders);
+  for (int o = 0; o < s->norders; ++o) {
+    s->prev[o].assign(static_cast<size_t>(s->cap), 0);
+    s->head[o].assign(size_t(1) << s->hbits, 0);
+  }
+}
+
 // Drafts take priority over indexing.  Both are memory-bound, and the cores
 // a server gives its scheduler often share caches and execution units (SMT
 // siblings, vCPUs of one host core): on this project's 2-vCPU machines a

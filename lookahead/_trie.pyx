@@ -72,6 +72,7 @@ cdef extern from "_native.hpp" namespace "lookahead" nogil:
         int orders[8]
         shared_mutex mtx
     ctypedef shared_ptr[NativeStore] StorePtr
+    void allocate_store(NativeStore* s) except +
     void draft_begin()
     void draft_end()
     int drafts_in_progress()
@@ -207,6 +208,7 @@ def read_tokens(object src, int64_t max_id, str what="tokens"):
 # ---------------------------------------------------------------------------
 
 cdef void _store_init(NativeStore* s, int64_t capacity, bint ring, int norders, const int* orders) noexcept nogil:
+    # The store's shape; allocate_store then sizes its arrays.
     cdef int o
     s.norders = norders
     for o in range(norders):
@@ -220,12 +222,6 @@ cdef void _store_init(NativeStore* s, int64_t capacity, bint ring, int norders, 
     s.n = 0
     s.n_indexed = 0
     s.run = 0
-    s.tok.assign(s.cap, SEPARATOR)
-    s.prev.resize(norders)
-    s.head.resize(norders)
-    for o in range(norders):
-        s.prev[o].assign(s.cap, 0)
-        s.head[o].assign(<size_t>1 << s.hbits, 0)
 
 
 cdef void _store_grow(NativeStore* s, int64_t need) noexcept nogil:
@@ -416,6 +412,12 @@ cdef class TokenStore:
         self.s = self.ptr.get()
         _fresh_state(&self.draft_state)
         _store_init(self.s, capacity, ring, len(orders), c_orders)
+        try:
+            allocate_store(self.s)
+        except MemoryError:
+            nbytes = self.s.cap * 4 * (1 + len(orders)) + len(orders) * 4 * (1 << self.s.hbits)
+            raise MemoryError(f"out of memory for a token store of {self.s.cap:,} tokens "
+                              f"({nbytes:,} bytes with its index)") from None
 
     # -- Python-facing helpers (validation happens in lookahead.cache) -------
 

@@ -39,6 +39,14 @@ class Draft(NamedTuple):
         return len(self.tokens)
 
 
+def _physical_memory_bytes() -> int:
+    """RAM of this machine, 0 where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return 0
+
+
 @dataclass(frozen=True)
 class LookaheadConfig:
     """Every knob of the cache; the defaults are the tuned ones (see README)."""
@@ -90,6 +98,12 @@ class LookaheadConfig:
                 raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
         if self.max_memory_bytes < 1 << 16:
             raise ValueError(f"max_memory_bytes must be at least 64 KiB, got {self.max_memory_bytes}")
+        physical = _physical_memory_bytes()
+        if physical and self.max_memory_bytes > physical:
+            # Allocating it could succeed (overcommit) and then get the
+            # process killed when the history is zeroed: refuse it here.
+            raise ValueError(f"max_memory_bytes ({self.max_memory_bytes:,} bytes) is more than this "
+                             f"machine's memory ({physical:,} bytes)")
         orders = tuple(self.orders)
         if not orders or any(not isinstance(o, int) or o < 1 for o in orders) or list(orders) != sorted(set(orders)):
             raise ValueError(f"orders must be increasing positive integers, got {self.orders!r}")

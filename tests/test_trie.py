@@ -20,6 +20,7 @@ import os
 import random
 import subprocess
 import sys
+import textwrap
 import threading
 from pathlib import Path
 
@@ -981,6 +982,38 @@ def test_bad_config_values(kwargs, pattern):
         LookaheadConfig(**kwargs)
     with pytest.raises(ValueError, match=pattern):
         LookaheadCache(**kwargs)
+
+
+def test_memory_budget_beyond_this_machine_is_rejected():
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    with pytest.raises(ValueError, match="more than this machine's memory"):
+        LookaheadConfig(max_memory_bytes=2 * physical)
+    with pytest.raises(ValueError, match="more than this machine's memory"):
+        LookaheadCache(max_memory_bytes=physical + 1)
+
+
+def test_a_budget_the_process_cannot_allocate_is_a_memory_error():
+    """Within the machine's memory but beyond what the process may map: a
+    MemoryError that says so, and the process goes on (it used to abort)."""
+    script = textwrap.dedent("""
+        import resource, sys
+        sys.path.insert(0, sys.argv[1])
+        from lookahead import LookaheadCache
+        vm = int([l for l in open("/proc/self/status") if l.startswith("VmSize")][0].split()[1]) << 10
+        resource.setrlimit(resource.RLIMIT_AS, (vm + (256 << 20), resource.RLIM_INFINITY))
+        try:
+            LookaheadCache(max_memory_bytes=1 << 30)
+        except MemoryError as exc:
+            print("MemoryError:", exc)
+        cache = LookaheadCache(max_memory_bytes=1 << 20)
+        cache.put_prompt("r", [1, 2, 3, 1, 2])
+        cache.synchronize()
+        print("draft:", cache.draft("r", [1, 2], 2).tokens)
+    """)
+    out = subprocess.run([sys.executable, "-c", script, str(REPO)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "MemoryError: out of memory for a token store of 33,554,432 tokens" in out.stdout, out.stdout
+    assert "draft: [3, 1]" in out.stdout
 
 
 def test_unknown_config_keyword():

@@ -19,6 +19,7 @@ from typing import Any, Hashable, NamedTuple, Sequence
 import numpy as np
 
 from lookahead._trie import DraftConfig, Drafter, Inserter, TokenStore, read_tokens
+from lookahead.host import physical_memory_bytes
 from lookahead.tokens import MAX_TOKEN_ID, check_budget
 
 _FORMAT_VERSION = 1
@@ -37,14 +38,6 @@ class Draft(NamedTuple):
 
     def __len__(self) -> int:  # number of draft tokens
         return len(self.tokens)
-
-
-def _physical_memory_bytes() -> int:
-    """RAM of this machine, 0 where the OS does not say."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return 0
 
 
 @dataclass(frozen=True)
@@ -98,7 +91,7 @@ class LookaheadConfig:
                 raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
         if self.max_memory_bytes < 1 << 16:
             raise ValueError(f"max_memory_bytes must be at least 64 KiB, got {self.max_memory_bytes}")
-        physical = _physical_memory_bytes()
+        physical = physical_memory_bytes()
         if physical and self.max_memory_bytes > physical:
             # Allocating it could succeed (overcommit) and then get the
             # process killed when the history is zeroed: refuse it here.

@@ -345,6 +345,7 @@ def test_allowed_edge_combinations(plugin, model_dir):
         ({"speculative_lookahead_max_batch_size": "4"}, "--speculative-lookahead-max-batch-size must be an integer >= 0"),
         ({"speculative_lookahead_max_match_len": 0}, "--speculative-lookahead-max-match-len must be an integer >= 1"),
         ({"speculative_lookahead_memory_mb": -5}, "--speculative-lookahead-memory-mb must be an integer >= 1"),
+        ({"speculative_lookahead_memory_mb": 1 << 40}, f"--speculative-lookahead-memory-mb {1 << 40} is more than this machine's memory"),
         ({"speculative_one_branch": "yes"}, "--speculative-one-branch must be a bool"),
         ({"speculative_lookahead_path": ""}, "--speculative-lookahead-path must be a non-empty path"),
         ({"page_size": 16}, "only supported by the 'flashinfer' attention backend"),

@@ -90,6 +90,21 @@ struct NativeStore {
 
 typedef std::shared_ptr<NativeStore> StorePtr;
 
+// Reserve room for a request store to grow to ``cap`` tokens and 2**hbits
+// hash slots per order, before anything is resized: a std::bad_alloc then
+// leaves the store as it was (reserve changes nothing when it throws), and
+// the resizes that follow do not allocate.  Returns false when out of memory.
+inline bool reserve_store(NativeStore* s, int64_t cap, int hbits) noexcept {
+  try {
+    s->tok.reserve(static_cast<size_t>(cap));
+    for (auto& links : s->prev) links.reserve(static_cast<size_t>(cap));
+    for (auto& heads : s->head) heads.reserve(size_t(1) << hbits);
+    return true;
+  } catch (const std::bad_alloc&) {
+    return false;
+  }
+}
+
 // Size a new store's arrays from its capacity, hash bits and orders: every
 // token a separator (-1, SEPARATOR in _trie.pyx), every link and chain head
 // empty.  A std::bad_alloc

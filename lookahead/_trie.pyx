@@ -73,6 +73,7 @@ cdef extern from "_native.hpp" namespace "lookahead" nogil:
         shared_mutex mtx
     ctypedef shared_ptr[NativeStore] StorePtr
     void allocate_store(NativeStore* s) except +
+    bint reserve_store(NativeStore* s, int64_t cap, int hbits)
     void draft_begin()
     void draft_end()
     int drafts_in_progress()
@@ -224,16 +225,19 @@ cdef void _store_init(NativeStore* s, int64_t capacity, bint ring, int norders, 
     s.run = 0
 
 
-cdef void _store_grow(NativeStore* s, int64_t need) noexcept nogil:
+cdef bint _store_grow(NativeStore* s, int64_t need) noexcept nogil:
     """Grow a request store so that ``need`` tokens fit; rehash when the
     index would get crowded.  Positions never wrap in a growing store, so
-    slots keep their meaning across a resize."""
+    slots keep their meaning across a resize.  False: out of memory, and
+    the store is unchanged."""
     cdef int64_t new_cap = s.cap
     cdef int o
     while new_cap < need:
         new_cap *= 2
     if new_cap == s.cap:
-        return
+        return True
+    if not reserve_store(s, new_cap, _log2_ceil(new_cap) if new_cap > (<int64_t>2 << s.hbits) else s.hbits):
+        return False
     s.tok.resize(new_cap, SEPARATOR)
     for o in range(s.norders):
         s.prev[o].resize(new_cap, 0)
@@ -246,12 +250,15 @@ cdef void _store_grow(NativeStore* s, int64_t need) noexcept nogil:
             s.prev[o].assign(s.cap, 0)
         s.n_indexed = 0
         s.run = 0
+    return True
 
 
-cdef void _append_locked(NativeStore* s, const int32_t* src, int64_t count) noexcept nogil:
+cdef bint _append_locked(NativeStore* s, const int32_t* src, int64_t count) noexcept nogil:
+    # False: a request store could not grow (out of memory); nothing appended.
     cdef int64_t i, start
     if not s.ring:
-        _store_grow(s, s.n + count)
+        if not _store_grow(s, s.n + count):
+            return False
     elif count > s.cap:
         # Only the newest ``cap`` tokens can survive.
         src += count - s.cap
@@ -268,6 +275,7 @@ cdef void _append_locked(NativeStore* s, const int32_t* src, int64_t count) noex
     for i in range(count):
         s.tok[(start + i) & s.mask] = src[i]
     s.n += count
+    return True
 
 
 cdef int64_t _index_locked(NativeStore* s, int64_t limit) noexcept nogil:
@@ -314,20 +322,23 @@ cdef int64_t _index_locked(NativeStore* s, int64_t limit) noexcept nogil:
     return done
 
 
-cdef void _store_append(NativeStore* s, const int32_t* src, int64_t count, bint index_now) noexcept nogil:
-    """Append tokens; index them too if ``index_now`` and nothing is pending."""
-    cdef bint caught_up
+cdef bint _store_append(NativeStore* s, const int32_t* src, int64_t count, bint index_now) noexcept nogil:
+    """Append tokens; index them too if ``index_now`` and nothing is pending.
+    False: out of memory, nothing appended."""
+    cdef bint caught_up, appended
     s.mtx.lock()
     caught_up = s.n_indexed == s.n
-    _append_locked(s, src, count)
-    if index_now and caught_up:
+    appended = _append_locked(s, src, count)
+    if appended and index_now and caught_up:
         # Usually just the new tokens; everything after a rehash.
         _index_locked(s, s.n - s.n_indexed)
     s.mtx.unlock()
+    return appended
 
 
 cdef void _store_append_chunked(NativeStore* s, const int32_t* src, int64_t count) noexcept nogil:
-    """Append and index a long run, releasing the lock between chunks."""
+    """Append and index a long run, releasing the lock between chunks (the
+    shared ring's: a ring never grows, so appending cannot fail)."""
     cdef int64_t off = 0, step
     while off < count:
         step = count - off
@@ -426,20 +437,31 @@ cdef class TokenStore:
         they are indexed at once, which is cheap for a few tokens; otherwise
         call :meth:`index_pending` (or queue it on an :class:`Inserter`)."""
         cdef int64_t count = tokens.shape[0]
+        cdef bint appended
         if count == 0:
             return
         with nogil:
-            _store_append(self.s, &tokens[0], count, index_now)
+            appended = _store_append(self.s, &tokens[0], count, index_now)
+        if not appended:
+            self._out_of_memory(count)
 
     def append_checked(self, object tokens, int64_t max_id, str what="tokens"):
         """Validate ``tokens`` and append them, indexed at once.  Returns how
-        many were appended.  Nothing is appended if any id is bad."""
+        many were appended.  Nothing is appended if any id is bad, or if the
+        store cannot grow to hold them (``MemoryError``)."""
         cdef vector[int32_t] buf
+        cdef bint appended = True
         _read_tokens(tokens, -1, max_id, buf, what)
         if buf.size():
             with nogil:
-                _store_append(self.s, buf.data(), buf.size(), True)
+                appended = _store_append(self.s, buf.data(), buf.size(), True)
+        if not appended:
+            self._out_of_memory(buf.size())
         return buf.size()
+
+    def _out_of_memory(self, int64_t count):
+        raise MemoryError(f"out of memory growing a token store of {self._counts().n:,} tokens "
+                          f"by {count:,}; nothing was appended")
 
     def append_indexed(self, const int32_t[::1] tokens):
         """Append and index a long run in lock-bounded chunks (no GIL)."""

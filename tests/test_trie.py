@@ -992,28 +992,41 @@ def test_memory_budget_beyond_this_machine_is_rejected():
         LookaheadCache(max_memory_bytes=physical + 1)
 
 
-def test_a_budget_the_process_cannot_allocate_is_a_memory_error():
-    """Within the machine's memory but beyond what the process may map: a
-    MemoryError that says so, and the process goes on (it used to abort)."""
+def test_what_the_process_cannot_allocate_is_a_memory_error():
+    """Within the machine's memory but beyond what the process may map, a
+    new cache, or a request's output that its store cannot grow to hold: a
+    MemoryError that says so, nothing changed, and the process goes on (the
+    first used to abort it, the second to wrap the request's stream)."""
     script = textwrap.dedent("""
         import resource, sys
+        import numpy as np
         sys.path.insert(0, sys.argv[1])
         from lookahead import LookaheadCache
+        huge_output = np.ones(60_000_000, dtype=np.int32)
+        cache = LookaheadCache(max_memory_bytes=1 << 20)
+        cache.put_prompt("r", [1, 2, 3, 1, 2])
+        cache.synchronize()  # the insert thread's stack and arena are mapped by now
         vm = int([l for l in open("/proc/self/status") if l.startswith("VmSize")][0].split()[1]) << 10
-        resource.setrlimit(resource.RLIMIT_AS, (vm + (256 << 20), resource.RLIM_INFINITY))
+        # Room to read the output (up to 384 MB while its buffer grows), not
+        # for a 1 GiB cache (940 MB) or a store of 64M tokens (2.3 GB).
+        resource.setrlimit(resource.RLIMIT_AS, (vm + (600 << 20), resource.RLIM_INFINITY))
         try:
             LookaheadCache(max_memory_bytes=1 << 30)
         except MemoryError as exc:
             print("MemoryError:", exc)
-        cache = LookaheadCache(max_memory_bytes=1 << 20)
-        cache.put_prompt("r", [1, 2, 3, 1, 2])
-        cache.synchronize()
-        print("draft:", cache.draft("r", [1, 2], 2).tokens)
+        try:
+            cache.put_output("r", huge_output)
+        except MemoryError as exc:
+            print("MemoryError:", exc)
+        cache.put_output("r", [3])
+        print("draft:", cache.draft("r", [3, 1], 3).tokens, cache.stats()["output_tokens"])
     """)
     out = subprocess.run([sys.executable, "-c", script, str(REPO)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "MemoryError: out of memory for a token store of 33,554,432 tokens" in out.stdout, out.stdout
-    assert "draft: [3, 1]" in out.stdout
+    assert "MemoryError: out of memory growing a token store of 5 tokens by 60,000,000" in out.stdout, out.stdout
+    assert "Exception ignored" not in out.stderr, out.stderr
+    assert "draft: [2, 3, 1] 1" in out.stdout, out.stdout  # the store holds [1, 2, 3, 1, 2, 3]
 
 
 def test_unknown_config_keyword():

@@ -232,18 +232,20 @@ cdef bint _store_grow(NativeStore* s, int64_t need) noexcept nogil:
     the store is unchanged."""
     cdef int64_t new_cap = s.cap
     cdef int o
+    cdef bint rehash
     while new_cap < need:
         new_cap *= 2
     if new_cap == s.cap:
         return True
-    if not reserve_store(s, new_cap, _log2_ceil(new_cap) if new_cap > (<int64_t>2 << s.hbits) else s.hbits):
+    rehash = new_cap > (<int64_t>2 << s.hbits)
+    if not reserve_store(s, new_cap, _log2_ceil(new_cap) if rehash else s.hbits):
         return False
     s.tok.resize(new_cap, SEPARATOR)
     for o in range(s.norders):
         s.prev[o].resize(new_cap, 0)
     s.cap = new_cap
     s.mask = <uint64_t>(new_cap - 1)
-    if s.cap > (<int64_t>2 << s.hbits):
+    if rehash:
         s.hbits = _log2_ceil(s.cap)
         for o in range(s.norders):
             s.head[o].assign(<size_t>1 << s.hbits, 0)
@@ -459,7 +461,7 @@ cdef class TokenStore:
             self._out_of_memory(buf.size())
         return buf.size()
 
-    def _out_of_memory(self, int64_t count):
+    cdef int _out_of_memory(self, int64_t count) except -1:
         raise MemoryError(f"out of memory growing a token store of {self._counts().n:,} tokens "
                           f"by {count:,}; nothing was appended")
 

@@ -16,7 +16,8 @@ n-gram of depth D costs D nodes per token (SGLang's NGRAM trie pays about
 * at draft time the occurrences of the context's longest matching suffixes are
   gathered from the request's own store and from the shared history, each
   weighted by how long it matches, and their continuations are merged into a
-  small *explicit* draft trie whose node weights are occurrence frequencies.
+  small *explicit* draft trie whose node weights are occurrence frequencies
+  (expanded only as far as the selection reaches).
   The best ``budget`` nodes (multi-branch) or the heaviest chain (one-branch)
   are the draft.
 
@@ -661,8 +662,30 @@ cdef struct TrieNode:
     int32_t parent
     int32_t first_child
     int32_t next_sibling
+    int32_t depth
+    int32_t first      # the first continuation through it: with depth, the order nodes are met in
+    int32_t head, tail # the continuations through it, until it is expanded (see _expand)
+    bint expanded
+    int32_t slot       # its index in the draft, once selected
     double weight      # their summed weights
     double score       # estimated probability that the target accepts the path
+
+
+cdef struct Continuation:
+    double weight
+    int32_t start      # its tokens: DraftTree.toks[start: start + length]
+    int32_t length
+    int32_t next       # the next continuation through the same unexpanded node, or -1
+
+
+cdef struct DraftTree:
+    # The draft trie, built lazily: occurrences' continuations are copied out
+    # of their stores (``conts``, ``toks``) while the store is locked, and a
+    # node's children are only made when the selection reaches the node.
+    vector[TrieNode] nodes
+    vector[Continuation] conts
+    vector[int32_t] toks
+    vector[int32_t] child_tok, child_id   # scratch of _expand
 
 
 cdef class DraftConfig:
@@ -1048,16 +1071,17 @@ cdef void _weigh_output(const DraftParams* prm, const DraftState* state, vector[
             cands[c].weight *= prm.output_weight
 
 
-cdef int32_t _child(vector[TrieNode]& nodes, int32_t parent, int32_t token) noexcept nogil:
-    cdef int32_t c = nodes[parent].first_child
-    while c >= 0:
-        if nodes[c].token == token:
-            return c
-        c = nodes[c].next_sibling
+cdef int32_t _new_child(vector[TrieNode]& nodes, int32_t parent, int32_t token, int32_t first) noexcept nogil:
+    cdef int32_t c
     cdef TrieNode node
     node.token = token
     node.parent = parent
     node.first_child = -1
+    node.depth = nodes[parent].depth + 1
+    node.first = first
+    node.head = node.tail = -1
+    node.expanded = False
+    node.slot = -1
     node.weight = 0.0
     node.score = 0.0
     node.next_sibling = nodes[parent].first_child
@@ -1067,99 +1091,166 @@ cdef int32_t _child(vector[TrieNode]& nodes, int32_t parent, int32_t token) noex
     return c
 
 
-cdef void _merge(NativeStore* s, const Candidate* cand, int depth, vector[TrieNode]& nodes) noexcept nogil:
+cdef inline void _add_member(DraftTree& tree, int32_t node, int32_t m) noexcept nogil:
+    # Thread continuation m onto node's list, in the order they were merged.
+    cdef TrieNode* x = &tree.nodes[node]
+    tree.conts[m].next = -1
+    if x.tail >= 0:
+        tree.conts[x.tail].next = m
+    else:
+        x.head = m
+    x.tail = m
+    x.weight += tree.conts[m].weight
+
+
+cdef void _merge(NativeStore* s, const Candidate* cand, int depth, DraftTree& tree) noexcept nogil:
     """Add one occurrence's continuation (up to ``depth`` tokens) to the draft
-    trie.  Must be called with ``s.mtx`` held."""
+    trie: copied out of the store, which must be locked (``s.mtx``), to be
+    expanded by _expand as far as the selection needs."""
     cdef int64_t q = cand.pos + 1
-    cdef int32_t cur = 0, t
+    cdef int32_t t
     cdef int i
+    cdef Continuation cont
+    cont.start = <int32_t>tree.toks.size()
+    cont.weight = cand.weight
     for i in range(depth):
         if q >= s.n:
             break
         t = s.tok[q & s.mask]
         if t < 0:
             break
-        if i == 0:
-            nodes[0].weight += cand.weight
-        cur = _child(nodes, cur, t)
-        nodes[cur].weight += cand.weight
+        tree.toks.push_back(t)
         q += 1
+    cont.length = <int32_t>tree.toks.size() - cont.start
+    if cont.length == 0:
+        return
+    tree.conts.push_back(cont)
+    _add_member(tree, 0, <int32_t>tree.conts.size() - 1)
+
+
+cdef void _expand(DraftTree& tree, int32_t x) noexcept nogil:
+    """Make node x's children from the continuations through it.
+
+    Merging every continuation to its full depth up front made about 200
+    nodes per draft (budget 8, the bench's batch-4 step), most of them deep in
+    branches the selection never reaches.  Weights are summed in merge order
+    and ties broken by merge order (_earlier), as the eager merge did, so the
+    drafts are the same."""
+    cdef int32_t m, nxt, c, d, t
+    cdef size_t i, n
+    if tree.nodes[x].expanded:
+        return
+    tree.nodes[x].expanded = True
+    d = tree.nodes[x].depth
+    m = tree.nodes[x].head
+    # The children's tokens in a flat array: the root has dozens of
+    # children, and a sibling list is a chain of dependent loads.
+    tree.child_tok.clear()
+    tree.child_id.clear()
+    while m >= 0:
+        nxt = tree.conts[m].next
+        if tree.conts[m].length > d:
+            t = tree.toks[tree.conts[m].start + d]
+            n = tree.child_tok.size()
+            c = -1
+            for i in range(n):
+                if tree.child_tok[i] == t:
+                    c = tree.child_id[i]
+                    break
+            if c < 0:
+                c = _new_child(tree.nodes, x, t, m)
+                tree.child_tok.push_back(t)
+                tree.child_id.push_back(c)
+            _add_member(tree, c, m)
+        m = nxt
+
+
+cdef inline bint _earlier(vector[TrieNode]& nodes, int32_t a, int32_t b) noexcept nogil:
+    # Whether a comes before b in merge order: by the first continuation
+    # through each, then depth (the order an eager merge created them in).
+    if nodes[a].first != nodes[b].first:
+        return nodes[a].first < nodes[b].first
+    return nodes[a].depth < nodes[b].depth
 
 
 cdef inline bint _heavier(vector[TrieNode]& nodes, int32_t a, int32_t b) noexcept nogil:
-    # Ties go to the node created first, so drafts are deterministic.
+    # Ties go to the node met first (_earlier), so drafts are deterministic.
     if nodes[a].weight != nodes[b].weight:
         return nodes[a].weight > nodes[b].weight
-    return a < b
+    return _earlier(nodes, a, b)
 
 
 cdef inline bint _likelier(vector[TrieNode]& nodes, int32_t a, int32_t b) noexcept nogil:
     if nodes[a].score != nodes[b].score:
         return nodes[a].score > nodes[b].score
-    return a < b
+    return _earlier(nodes, a, b)
 
 
-cdef inline void _score_children(vector[TrieNode]& nodes, int32_t parent, double confidence,
+cdef inline void _score_children(DraftTree& tree, int32_t parent, double confidence,
                                  vector[int32_t]& frontier) noexcept nogil:
     # P(child | path) = the child's share of the parent's weight, with a
     # pseudo-weight for "something else": thin evidence (few, short matches)
     # is discounted, a long verbatim match is not.
-    cdef TrieNode* p = &nodes[parent]
-    cdef double scale = p.score / (p.weight + confidence)
-    cdef int32_t j = p.first_child
+    cdef TrieNode* p
+    cdef double scale
+    cdef int32_t j
+    _expand(tree, parent)
+    p = &tree.nodes[parent]
+    scale = p.score / (p.weight + confidence)
+    j = p.first_child
     while j >= 0:
-        nodes[j].score = nodes[j].weight * scale
+        tree.nodes[j].score = tree.nodes[j].weight * scale
         frontier.push_back(j)
-        j = nodes[j].next_sibling
+        j = tree.nodes[j].next_sibling
 
 
-cdef void _select(vector[TrieNode]& nodes, int budget, bint one_branch, double confidence,
-                  vector[int32_t]& frontier, vector[int32_t]& slot_of,
-                  vector[int32_t]& out_tokens, vector[int32_t]& out_parents) noexcept nogil:
+cdef void _select(DraftTree& tree, int budget, bint one_branch, double confidence,
+                  vector[int32_t]& frontier, vector[int32_t]& out_tokens,
+                  vector[int32_t]& out_parents) noexcept nogil:
     """Pick the draft: the heaviest chain, or the ``budget`` heaviest nodes.
 
     A node's score never exceeds its parent's, so taking nodes best-first
     from the frontier yields a connected tree whose parents precede children.
-    ``frontier`` and ``slot_of`` (trie node -> output index) are scratch.
+    ``frontier`` is scratch.
     """
     cdef int32_t best, c, i, j
     cdef size_t k
     frontier.clear()
     out_tokens.clear()
     out_parents.clear()
-    if budget <= 0 or nodes.size() <= 1:
+    if budget <= 0 or tree.nodes[0].head < 0:
         return
     if one_branch:
         c = 0
         while <int>out_tokens.size() < budget:
+            _expand(tree, c)
             best = -1
-            j = nodes[c].first_child
+            j = tree.nodes[c].first_child
             while j >= 0:
-                if best < 0 or _heavier(nodes, j, best):
+                if best < 0 or _heavier(tree.nodes, j, best):
                     best = j
-                j = nodes[j].next_sibling
+                j = tree.nodes[j].next_sibling
             if best < 0:
                 break
             out_parents.push_back(<int32_t>out_tokens.size() - 1)
-            out_tokens.push_back(nodes[best].token)
+            out_tokens.push_back(tree.nodes[best].token)
             c = best
         return
-    slot_of.assign(nodes.size(), -1)
-    nodes[0].score = 1.0
-    _score_children(nodes, 0, confidence, frontier)
+    tree.nodes[0].score = 1.0
+    _score_children(tree, 0, confidence, frontier)
     while <int>out_tokens.size() < budget and frontier.size() > 0:
         best = 0
         for k in range(1, frontier.size()):
-            if _likelier(nodes, frontier[k], frontier[best]):
+            if _likelier(tree.nodes, frontier[k], frontier[best]):
                 best = <int32_t>k
         c = frontier[best]
         frontier[best] = frontier[frontier.size() - 1]
         frontier.pop_back()
-        slot_of[c] = <int32_t>out_tokens.size()
-        out_tokens.push_back(nodes[c].token)
-        i = nodes[c].parent
-        out_parents.push_back(slot_of[i] if i > 0 else <int32_t>-1)
-        _score_children(nodes, c, confidence, frontier)
+        tree.nodes[c].slot = <int32_t>out_tokens.size()
+        out_tokens.push_back(tree.nodes[c].token)
+        i = tree.nodes[c].parent
+        out_parents.push_back(tree.nodes[i].slot if i > 0 else <int32_t>-1)
+        _score_children(tree, c, confidence, frontier)
 
 
 cdef inline bint _wants_alternatives(const DraftParams* prm, const DraftState* state, int ctx_len) noexcept nogil:
@@ -1170,7 +1261,7 @@ cdef inline bint _wants_alternatives(const DraftParams* prm, const DraftState* s
 cdef void _draft(NativeStore* local, NativeStore* shared,
                  const int32_t* ctx, int ctx_len, int budget, bint one_branch,
                  const DraftParams* prm, DraftState* state, vector[Candidate]& cands,
-                 vector[TrieNode]& nodes, vector[int32_t]& frontier, vector[int32_t]& slot_of,
+                 DraftTree& tree, vector[int32_t]& frontier,
                  vector[int32_t]& out_tokens, vector[int32_t]& out_parents) noexcept nogil:
     cdef TrieNode root
     cdef size_t c
@@ -1179,14 +1270,21 @@ cdef void _draft(NativeStore* local, NativeStore* shared,
     # likelier single one; a tree also wants the shared alternatives.
     cdef double local_weight = prm.chain_local_weight if one_branch else prm.local_weight
     cands.clear()
-    nodes.clear()
+    tree.nodes.clear()
+    tree.conts.clear()
+    tree.toks.clear()
     root.token = -1
     root.parent = -1
     root.first_child = -1
     root.next_sibling = -1
+    root.depth = 0
+    root.first = -1
+    root.head = root.tail = -1
+    root.expanded = False
+    root.slot = -1
     root.weight = 0.0
     root.score = 1.0
-    nodes.push_back(root)
+    tree.nodes.push_back(root)
     # One shared-lock hold per store: gather its occurrences and merge them.
     # A store that a writer holds at this instant (the inserter indexing a
     # prompt or a share, for at most one 32-position chunk) is skipped rather
@@ -1204,14 +1302,14 @@ cdef void _draft(NativeStore* local, NativeStore* shared,
         _weigh_output(prm, state, cands)
         state.n = local.n
         for c in range(cands.size()):
-            _merge(local, &cands[c], depth, nodes)
+            _merge(local, &cands[c], depth, tree)
         local.mtx.unlock_shared()
     cdef size_t first_shared = cands.size()
     if shared != NULL and <int>cands.size() < prm.max_candidates and shared.mtx.try_lock_shared():
         _prefetch_heads(shared, ctx, ctx_len, _wants_alternatives(prm, state, ctx_len))
         _gather(shared, ctx, ctx_len, prm, 1.0, one_branch, cands)
         for c in range(first_shared, cands.size()):
-            _merge(shared, &cands[c], depth, nodes)
+            _merge(shared, &cands[c], depth, tree)
         shared.mtx.unlock_shared()
     # Nothing matched: the context ends in a token never seen before (a new
     # name, a rare word piece).  What follows it is often what followed the
@@ -1222,38 +1320,38 @@ cdef void _draft(NativeStore* local, NativeStore* shared,
     # take slots from the copy.
     cdef int skip = 1
     cdef DraftParams fill   # a cheap gather: these alternatives only fill spare slots
-    if nodes.size() > 1:
+    if tree.nodes[0].head >= 0:
         if _wants_alternatives(prm, state, ctx_len):
             fill = prm[0]
             fill.max_walk = fill.enough_candidates = prm.wildcard_walk
             fill.top_walk = fill.low_walk = 0
             _merge_past(local, shared, ctx, ctx_len, 1, depth, one_branch, &fill,
-                        local_weight * prm.wildcard_weight, prm.wildcard_weight, cands, nodes)
+                        local_weight * prm.wildcard_weight, prm.wildcard_weight, cands, tree)
     else:
-        while nodes.size() == 1 and skip <= prm.wildcard_tokens and skip < ctx_len:
+        while tree.nodes[0].head < 0 and skip <= prm.wildcard_tokens and skip < ctx_len:
             _merge_past(local, shared, ctx, ctx_len, skip, depth, one_branch, prm, local_weight, 1.0,
-                        cands, nodes)
+                        cands, tree)
             skip += 1
-    _select(nodes, budget, one_branch, prm.confidence, frontier, slot_of, out_tokens, out_parents)
+    _select(tree, budget, one_branch, prm.confidence, frontier, out_tokens, out_parents)
 
 
 cdef void _merge_past(NativeStore* local, NativeStore* shared, const int32_t* ctx, int ctx_len, int skip,
                       int depth, bint one_branch, const DraftParams* prm, double local_weight,
-                      double shared_weight, vector[Candidate]& cands, vector[TrieNode]& nodes) noexcept nogil:
+                      double shared_weight, vector[Candidate]& cands, DraftTree& tree) noexcept nogil:
     """:func:`_gather_past` on both stores, the shared one only while
     fewer than ``max_candidates`` occurrences are held."""
     cands.clear()
     if local != NULL and local.mtx.try_lock_shared():
-        _gather_past(local, ctx, ctx_len, skip, prm, local_weight, one_branch, depth, cands, nodes)
+        _gather_past(local, ctx, ctx_len, skip, prm, local_weight, one_branch, depth, cands, tree)
         local.mtx.unlock_shared()
     if shared != NULL and <int>cands.size() < prm.max_candidates and shared.mtx.try_lock_shared():
-        _gather_past(shared, ctx, ctx_len, skip, prm, shared_weight, one_branch, depth, cands, nodes)
+        _gather_past(shared, ctx, ctx_len, skip, prm, shared_weight, one_branch, depth, cands, tree)
         shared.mtx.unlock_shared()
 
 
 cdef void _gather_past(NativeStore* s, const int32_t* ctx, int ctx_len, int skip, const DraftParams* prm,
                        double store_weight, bint one_branch, int depth, vector[Candidate]& cands,
-                       vector[TrieNode]& nodes) noexcept nogil:
+                       DraftTree& tree) noexcept nogil:
     """Merge the continuations of the context's suffixes that end ``skip``
     tokens before its end, each ``skip`` tokens further on: a draft past
     tokens that match nothing (must hold ``s.mtx``).  An occurrence is
@@ -1271,7 +1369,7 @@ cdef void _gather_past(NativeStore* s, const int32_t* ctx, int ctx_len, int skip
                 break
         if whole:
             cands[c].pos += skip
-            _merge(s, &cands[c], depth, nodes)
+            _merge(s, &cands[c], depth, tree)
 
 
 cdef class Drafter:
@@ -1283,8 +1381,8 @@ cdef class Drafter:
     other glue."""
     cdef object result_type
     cdef vector[Candidate] cands
-    cdef vector[TrieNode] nodes
-    cdef vector[int32_t] frontier, slot_of
+    cdef DraftTree tree
+    cdef vector[int32_t] frontier
     cdef vector[int32_t] out_tokens
     cdef vector[int32_t] out_parents
     cdef vector[int32_t] ctx
@@ -1326,8 +1424,8 @@ cdef class Drafter:
         with nogil:
             draft_begin()
             _draft(local_s, shared_s, self.ctx.data(), self.ctx.size(), budget,
-                   one_branch, &config.p, &state, self.cands, self.nodes,
-                   self.frontier, self.slot_of, self.out_tokens, self.out_parents)
+                   one_branch, &config.p, &state, self.cands, self.tree,
+                   self.frontier, self.out_tokens, self.out_parents)
             draft_end()
         if local is not None:
             local.draft_state = state

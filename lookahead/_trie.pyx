@@ -648,6 +648,7 @@ cdef struct DraftParams:
     double wildcard_weight # ... and past its last token at this weight while the request's pace is below wildcard_pace
     double wildcard_pace
     int wildcard_walk      # ... gathered walking this many occurrences per order, stopping at as many
+    double wildcard_below  # ... only while the direct matches weigh less than this in all
     double output_weight   # while the pace is below wildcard_pace: own-output occurrences weigh this much more than own-prompt ones
 
 
@@ -698,7 +699,8 @@ cdef class DraftConfig:
                   double order_norm=0.0, int top_walk=0, int low_walk=0, int anchor_window=0,
                   int anchor_below=4, int anchor_gap=24, int anchor_min=16, double copy_boost=0.0,
                   int wildcard_tokens=0, double mismatch_weight=0.0, double wildcard_weight=0.0,
-                  double wildcard_pace=0.0, int wildcard_walk=4, double output_weight=1.0):
+                  double wildcard_pace=0.0, int wildcard_walk=4, double output_weight=1.0,
+                  double wildcard_below=float("inf")):
         self.p.max_match = max_match
         self.p.max_walk = max_walk
         self.p.max_candidates = min(max_candidates, MAX_CANDIDATES_LIMIT)
@@ -721,6 +723,7 @@ cdef class DraftConfig:
         self.p.wildcard_weight = wildcard_weight
         self.p.wildcard_pace = wildcard_pace
         self.p.wildcard_walk = wildcard_walk
+        self.p.wildcard_below = wildcard_below
         self.p.output_weight = output_weight
 
 
@@ -1317,11 +1320,13 @@ cdef void _draft(NativeStore* local, NativeStore* shared,
     # drafts have been advancing it slowly (its pace: chat, fresh code) is
     # not copying, and there that evidence also helps when the last token did
     # match, at a small weight; in a request that is copying it would only
-    # take slots from the copy.
+    # take slots from the copy.  Nor are they gathered when the direct matches
+    # are heavy (a long match): at 1/20 weight they would rank below all of
+    # its nodes, and gathering them is a sixth of a draft's cost.
     cdef int skip = 1
     cdef DraftParams fill   # a cheap gather: these alternatives only fill spare slots
     if tree.nodes[0].head >= 0:
-        if _wants_alternatives(prm, state, ctx_len):
+        if _wants_alternatives(prm, state, ctx_len) and tree.nodes[0].weight < prm.wildcard_below:
             fill = prm[0]
             fill.max_walk = fill.enough_candidates = prm.wildcard_walk
             fill.top_walk = fill.low_walk = 0

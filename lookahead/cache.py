@@ -68,6 +68,7 @@ class LookaheadConfig:
     wildcard_weight: float = 0.05  # ... and past its last token at this weight, in requests whose pace is below:
     wildcard_pace: float = 2.5  # tokens a request advances per draft, moving average (low: not copying)
     wildcard_walk: int = 7  # ... gathered cheaply: this many occurrences per order walked and enough
+    wildcard_below: float = 400.0  # ... and only while the direct matches weigh less than this (a 10-token match in the request's own stream)
     output_weight: float = 2.0  # a request below wildcard_pace: its own output weighs this much more than its prompt
     share_outputs: bool = True  # feed outputs into the shared history
     share_prompt_tail: int = 24  # prompt tokens shared before the output, as its context (the question's end)
@@ -105,7 +106,7 @@ class LookaheadConfig:
         object.__setattr__(self, "orders", orders)
         if self.match_exponent < 0 or self.local_weight <= 0 or self.chain_local_weight <= 0 or self.confidence < 0:
             raise ValueError("match_exponent and confidence must be >= 0, local_weight and chain_local_weight > 0")
-        for name in ("copy_boost", "mismatch_weight", "wildcard_weight", "wildcard_pace"):
+        for name in ("copy_boost", "mismatch_weight", "wildcard_weight", "wildcard_pace", "wildcard_below"):
             if not getattr(self, name) >= 0:  # NaN fails too
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if not self.output_weight > 0 or self.output_weight == float("inf"):
@@ -174,6 +175,7 @@ class LookaheadCache:
             wildcard_weight=config.wildcard_weight,
             wildcard_pace=config.wildcard_pace,
             wildcard_walk=config.wildcard_walk,
+            wildcard_below=config.wildcard_below,
             output_weight=config.output_weight,
         )
         self._max_id = MAX_TOKEN_ID if config.vocab_size is None else config.vocab_size - 1

@@ -136,6 +136,7 @@ RANDOM_CONFIG = st.fixed_dictionaries({
     "wildcard_weight": st.sampled_from([0.0, 0.05, 1.0]),
     "wildcard_pace": st.sampled_from([0.0, 2.5, 4.0]),
     "wildcard_walk": st.sampled_from([1, 4, 16]),
+    "wildcard_below": st.sampled_from([0.0, 3.0, 30.0, float("inf")]),
     "output_weight": st.sampled_from([0.5, 1.0, 2.0]),
     "min_match_len": st.sampled_from([1, 1, 2, 3, 4]),
     "confidence": st.sampled_from([0.0, 1.0, 8.0]),

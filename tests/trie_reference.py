@@ -58,7 +58,8 @@ Drafting one request after ``context`` (only its last ``max_match_len`` ids):
    was merged, and the request's *pace* is below ``wildcard_pace``, merge
    the same for ``skip`` = 1 with both store weights times
    ``wildcard_weight``, gathering with ``max_walk`` and ``enough_candidates``
-   both ``wildcard_walk`` and no ``top_walk`` or ``low_walk``.  The pace is a moving average of how many tokens the
+   both ``wildcard_walk`` and no ``top_walk`` or ``low_walk``, unless the
+   root's weight is already ``wildcard_below`` or more.  The pace is a moving average of how many tokens the
    request's store grew by between its drafts (``PACE_DECAY``, starting at
    ``INITIAL_PACE``; a draft without a request store sees the initial pace).
 3. *Select*:
@@ -217,6 +218,7 @@ class Params:
     wildcard_weight: float = 0.0
     wildcard_pace: float = 0.0
     wildcard_walk: int = 4
+    wildcard_below: float = float("inf")
     output_weight: float = 1.0
 
     def __post_init__(self):
@@ -233,7 +235,8 @@ class Params:
                    anchor_gap=cfg.anchor_gap, anchor_min=cfg.anchor_min, copy_boost=cfg.copy_boost,
                    wildcard_tokens=cfg.wildcard_tokens, mismatch_weight=cfg.mismatch_weight,
                    wildcard_weight=cfg.wildcard_weight, wildcard_pace=cfg.wildcard_pace,
-                   wildcard_walk=cfg.wildcard_walk, output_weight=cfg.output_weight)
+                   wildcard_walk=cfg.wildcard_walk, wildcard_below=cfg.wildcard_below,
+                   output_weight=cfg.output_weight)
 
 
 def gather(store: RefStore, ctx: list, prm: Params, store_weight: float, cands: list,
@@ -456,7 +459,8 @@ def draft(local: RefStore | None, shared: RefStore | None, context, budget: int,
             gather_past(shared, ctx, skip, prm, shared_w, cands, one_branch, budget, nodes)
 
     if len(nodes) > 1:
-        if prm.wildcard_weight > 0 and pace < prm.wildcard_pace and len(ctx) > 1:
+        if prm.wildcard_weight > 0 and pace < prm.wildcard_pace and len(ctx) > 1 \
+                and nodes[0].weight < prm.wildcard_below:
             merge_past(1, local_weight * prm.wildcard_weight, prm.wildcard_weight,
                        dataclasses.replace(prm, max_walk=prm.wildcard_walk, enough_candidates=prm.wildcard_walk,
                                            top_walk=0, low_walk=0))

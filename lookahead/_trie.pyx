@@ -117,6 +117,11 @@ cdef object _as_token_array = None
 
 cdef extern from "Python.h":
     PyTypeObject PyTuple_Type
+    PyTypeObject PyLong_Type
+    PyTypeObject* Py_TYPE(PyObject* o)
+    PyObject* _list_item "PyList_GET_ITEM" (PyObject* seq, Py_ssize_t i)
+    PyObject* _tuple_item "PyTuple_GET_ITEM" (PyObject* seq, Py_ssize_t i)
+    long long PyLong_AsLongLongAndOverflow(PyObject* o, int* overflow)
 
 
 cdef int _bad_token(str what, object value, Py_ssize_t index, int64_t max_id) except -1:
@@ -137,12 +142,28 @@ cdef int _read_tokens(object src, Py_ssize_t tail, int64_t max_id, vector[int32_
     cdef cnp.ndarray arr
     cdef const char* data
     cdef Py_ssize_t stride
-    cdef int typenum
+    cdef int typenum, overflow
+    cdef PyObject* seq
+    cdef PyObject* it
+    cdef bint is_list
     out.clear()
     if type(src) is list or type(src) is tuple:
         n = len(src)
         start = 0 if tail < 0 or tail >= n else n - tail
+        out.reserve(n - start)
+        is_list = type(src) is list
+        seq = <PyObject*>src
         for i in range(start, n):
+            # An exact int in range is read in C (a worker's contexts are
+            # lists: the Python comparisons cost 18 ns a token).  The GIL is
+            # held and nothing here runs Python code, so the sequence cannot
+            # change under the borrowed reference.
+            it = _list_item(seq, i) if is_list else _tuple_item(seq, i)
+            if Py_TYPE(it) == &PyLong_Type:
+                v = PyLong_AsLongLongAndOverflow(it, &overflow)
+                if overflow == 0 and v >= 0 and v <= max_id:
+                    out.push_back(<int32_t>v)
+                    continue
             item = src[i]
             if type(item) is not int:
                 if isinstance(item, bool) or not isinstance(item, (int, np.integer)):

@@ -127,9 +127,9 @@ inline bool reserve_store(NativeStore* s, int64_t cap, int hbits) noexcept {
 
 // Size a new store's arrays from its capacity, hash bits and orders: every
 // token a separator (-1, SEPARATOR in _trie.pyx), every link and chain head
-// empty (0: zeroed by the allocator, not written here).  A std::bad_alloc reaches Python as MemoryError (declared
-// ``except +``), so a memory budget the process cannot hold is an error,
-// not an abort.
+// empty (0, as the allocator hands them out: not written here).  A
+// std::bad_alloc reaches Python as MemoryError (declared ``except +``), so a
+// memory budget the process cannot hold is an error, not an abort.
 inline void allocate_store(NativeStore* s) {
   s->tok.assign(static_cast<size_t>(s->cap), -1);
   s->prev.resize(s->norders);

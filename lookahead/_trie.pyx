@@ -1095,19 +1095,26 @@ cdef void _weigh_output(const DraftParams* prm, const DraftState* state, vector[
             cands[c].weight *= prm.output_weight
 
 
-cdef int32_t _new_child(vector[TrieNode]& nodes, int32_t parent, int32_t token, int32_t first) noexcept nogil:
-    cdef int32_t c
+cdef inline TrieNode _leaf(int32_t token, int32_t parent, int32_t depth, int32_t first) noexcept nogil:
+    # A node with no children, no continuations and no weight yet.
     cdef TrieNode node
     node.token = token
     node.parent = parent
     node.first_child = -1
-    node.depth = nodes[parent].depth + 1
+    node.next_sibling = -1
+    node.depth = depth
     node.first = first
     node.head = node.tail = -1
     node.expanded = False
     node.slot = -1
     node.weight = 0.0
     node.score = 0.0
+    return node
+
+
+cdef int32_t _new_child(vector[TrieNode]& nodes, int32_t parent, int32_t token, int32_t first) noexcept nogil:
+    cdef int32_t c
+    cdef TrieNode node = _leaf(token, parent, nodes[parent].depth + 1, first)
     node.next_sibling = nodes[parent].first_child
     nodes.push_back(node)
     c = <int32_t>nodes.size() - 1
@@ -1287,7 +1294,6 @@ cdef void _draft(NativeStore* local, NativeStore* shared,
                  const DraftParams* prm, DraftState* state, vector[Candidate]& cands,
                  DraftTree& tree, vector[int32_t]& frontier,
                  vector[int32_t]& out_tokens, vector[int32_t]& out_parents) noexcept nogil:
-    cdef TrieNode root
     cdef size_t c
     cdef int depth = budget
     # A chain bets on one continuation, and the request's own text is the
@@ -1297,18 +1303,7 @@ cdef void _draft(NativeStore* local, NativeStore* shared,
     tree.nodes.clear()
     tree.conts.clear()
     tree.toks.clear()
-    root.token = -1
-    root.parent = -1
-    root.first_child = -1
-    root.next_sibling = -1
-    root.depth = 0
-    root.first = -1
-    root.head = root.tail = -1
-    root.expanded = False
-    root.slot = -1
-    root.weight = 0.0
-    root.score = 1.0
-    tree.nodes.push_back(root)
+    tree.nodes.push_back(_leaf(-1, -1, 0, -1))   # the root: the context's last token
     # One shared-lock hold per store: gather its occurrences and merge them.
     # A store that a writer holds at this instant (the inserter indexing a
     # prompt or a share, for at most one 32-position chunk) is skipped rather

@@ -19,7 +19,7 @@ from typing import Any, Hashable, NamedTuple, Sequence
 import numpy as np
 
 from lookahead._trie import DraftConfig, Drafter, Inserter, TokenStore, read_tokens
-from lookahead.host import physical_memory_bytes
+from lookahead.host import memory_short_of
 from lookahead.tokens import MAX_TOKEN_ID, check_budget
 
 _FORMAT_VERSION = 1
@@ -92,8 +92,8 @@ class LookaheadConfig:
                 raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
         if self.max_memory_bytes < 1 << 16:
             raise ValueError(f"max_memory_bytes must be at least 64 KiB, got {self.max_memory_bytes}")
-        physical = physical_memory_bytes()
-        if physical and self.max_memory_bytes > physical:
+        physical = memory_short_of(self.max_memory_bytes)
+        if physical:
             # Allocating it could succeed (overcommit) and then get the
             # process killed when the history is zeroed: refuse it here.
             raise ValueError(f"max_memory_bytes ({self.max_memory_bytes:,} bytes) is more than this "

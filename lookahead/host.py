@@ -16,3 +16,10 @@ def physical_memory_bytes() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):
         return 0
+
+
+def memory_short_of(nbytes: int) -> int:
+    """This machine's RAM when ``nbytes`` is more than it, else 0 (also
+    where the OS does not say how much it has)."""
+    physical = physical_memory_bytes()
+    return physical if physical and nbytes > physical else 0

@@ -58,7 +58,7 @@ from typing import Any, Optional
 import sglang.srt.server_args as _sgl_server_args
 from sglang.srt.arg_groups.arg_utils import A, Arg
 
-from lookahead.host import physical_memory_bytes
+from lookahead.host import memory_short_of
 
 logger = logging.getLogger(__name__)
 
@@ -264,8 +264,8 @@ class LookaheadArgs:
         ):
             if value is not None and (not is_int(value) or value < 1):
                 raise ValueError(f"{flag} must be an integer >= 1, got {value!r}")
-        physical = physical_memory_bytes()
-        if self.memory_mb is not None and physical and self.memory_mb << 20 > physical:
+        physical = memory_short_of(self.memory_mb << 20) if self.memory_mb is not None else 0
+        if physical:
             raise ValueError(
                 f"--speculative-lookahead-memory-mb {self.memory_mb} is more than "
                 f"this machine's memory ({physical >> 20} MiB)"

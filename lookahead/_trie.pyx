@@ -686,8 +686,7 @@ cdef struct TrieNode:
     int32_t next_sibling
     int32_t depth
     int32_t first      # the first continuation through it: with depth, the order nodes are met in
-    int32_t head, tail # the continuations through it, until it is expanded (see _expand)
-    bint expanded
+    int32_t head, tail # the continuations through it, until it is expanded (then -1, see _expand)
     int32_t slot       # its index in the draft, once selected
     double weight      # their summed weights
     double score       # estimated probability that the target accepts the path
@@ -1105,7 +1104,6 @@ cdef inline TrieNode _leaf(int32_t token, int32_t parent, int32_t depth, int32_t
     node.depth = depth
     node.first = first
     node.head = node.tail = -1
-    node.expanded = False
     node.slot = -1
     node.weight = 0.0
     node.score = 0.0
@@ -1169,11 +1167,11 @@ cdef void _expand(DraftTree& tree, int32_t x) noexcept nogil:
     drafts are the same."""
     cdef int32_t m, nxt, c, d, t
     cdef size_t i, n
-    if tree.nodes[x].expanded:
-        return
-    tree.nodes[x].expanded = True
     d = tree.nodes[x].depth
     m = tree.nodes[x].head
+    # Its continuations move on to the children: x has none left, so
+    # expanding it again changes nothing.
+    tree.nodes[x].head = tree.nodes[x].tail = -1
     # The children's tokens in a flat array: the root has dozens of
     # children, and a sibling list is a chain of dependent loads.
     tree.child_tok.clear()

@@ -263,17 +263,19 @@ cdef bint _store_grow(NativeStore* s, int64_t need) noexcept nogil:
     if not reserve_store(s, new_cap, _log2_ceil(new_cap) if rehash else s.hbits):
         return False
     s.tok.resize(new_cap, SEPARATOR)
-    for o in range(s.norders):
-        s.prev[o].resize(new_cap, 0)
     s.cap = new_cap
     s.mask = <uint64_t>(new_cap - 1)
     if rehash:
+        # Every position is indexed again, from empty chains.
         s.hbits = _log2_ceil(s.cap)
         for o in range(s.norders):
             s.head[o].assign(<size_t>1 << s.hbits, 0)
             s.prev[o].assign(s.cap, 0)
         s.n_indexed = 0
         s.run = 0
+    else:
+        for o in range(s.norders):
+            s.prev[o].resize(new_cap, 0)
     return True
 
 

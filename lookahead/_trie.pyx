@@ -62,19 +62,33 @@ cdef extern from "_native.hpp" namespace "lookahead" nogil:
         vector[int32_t] tok
         vector[vector[uint32_t]] prev
         vector[vector[uint32_t]] head
+        vector[vector[uint64_t]] smap
         int64_t n
         int64_t n_indexed
         int64_t run
         int64_t cap
+        int64_t lo
         uint64_t mask
         int hbits
         bint ring
+        bint scoped
+        bint sparse
         int norders
         int orders[8]
         shared_mutex mtx
     ctypedef shared_ptr[NativeStore] StorePtr
     void allocate_store(NativeStore* s) except +
     bint reserve_store(NativeStore* s, int64_t cap, int hbits)
+    int64_t store_base(const NativeStore* s)
+    uint32_t chain_head(const NativeStore* s, int o, uint32_t key)
+    const void* chain_head_address(const NativeStore* s, int o, uint32_t key)
+    uint32_t map_update(NativeStore* s, int o, uint32_t key, uint32_t head)
+    void resize_store(NativeStore* s, int64_t new_cap) except +
+    size_t map_bytes "lookahead::map_bytes"(const NativeStore* s)
+    cdef enum JobKind:
+        kAppend
+        kIndexPending
+        kResize
     void draft_begin()
     void draft_end()
     int drafts_in_progress()
@@ -82,7 +96,7 @@ cdef extern from "_native.hpp" namespace "lookahead" nogil:
     ctypedef void (*ApplyFn)(NativeStore*, const int32_t*, int64_t, bint) noexcept nogil
     cppclass InsertThread:
         InsertThread(ApplyFn apply, size_t max_pending)
-        void submit(const StorePtr& store, const int32_t* tokens, int64_t count, bint index_pending,
+        void submit(const StorePtr& store, const int32_t* tokens, int64_t count, int kind,
                     bint urgent) except +
         void synchronize()
         size_t pending()
@@ -230,18 +244,29 @@ def read_tokens(object src, int64_t max_id, str what="tokens"):
 # Token stores: the stream, its index, and their writers
 # ---------------------------------------------------------------------------
 
-cdef void _store_init(NativeStore* s, int64_t capacity, bint ring, int norders, const int* orders) noexcept nogil:
-    # The store's shape; allocate_store then sizes its arrays.
+cdef void _store_init(NativeStore* s, int64_t capacity, bint ring, int norders, const int* orders,
+                      int key_bits) noexcept nogil:
+    # The store's shape; allocate_store then sizes its arrays.  ``key_bits``
+    # >= 0: a scope's history, keyed as a full ring of 2**(key_bits + 1)
+    # tokens is, which starts empty and is sized by resize_store.
     cdef int o
     s.norders = norders
     for o in range(norders):
         s.orders[o] = orders[o]
     s.ring = ring
-    s.cap = <int64_t>1 << _log2_ceil(capacity)
-    s.mask = <uint64_t>(s.cap - 1)
-    # The shared ring uses half as many hash slots as tokens (merged chains are
-    # verified token by token anyway); a request's store one slot per token.
-    s.hbits = _log2_ceil(s.cap // 2 if ring else s.cap)
+    s.scoped = key_bits >= 0
+    s.sparse = False
+    s.lo = 0
+    if s.scoped:
+        s.cap = 0
+        s.mask = 0
+        s.hbits = key_bits
+    else:
+        s.cap = <int64_t>1 << _log2_ceil(capacity)
+        s.mask = <uint64_t>(s.cap - 1)
+        # The shared ring uses half as many hash slots as tokens (merged chains are
+        # verified token by token anyway); a request's store one slot per token.
+        s.hbits = _log2_ceil(s.cap // 2 if ring else s.cap)
     s.n = 0
     s.n_indexed = 0
     s.run = 0
@@ -334,14 +359,17 @@ cdef int64_t _index_locked(NativeStore* s, int64_t limit) noexcept nogil:
                 h = (h ^ <uint32_t>s.tok[(p - j) & s.mask]) * GOLDEN
             prev_k = k
             slot = h >> shift
-            e = s.head[o][slot]
+            if s.sparse:
+                e = map_update(s, o, <uint32_t>slot, <uint32_t>(p + 1))
+            else:
+                e = s.head[o][slot]
+                s.head[o][slot] = <uint32_t>(p + 1)
             d = 0
             if e != 0:
                 d = <uint32_t>(<uint32_t>(p + 1) - e)
                 if d >= <uint64_t>s.cap:
                     d = 0
             s.prev[o][p & s.mask] = d
-            s.head[o][slot] = <uint32_t>(p + 1)
         p += 1
         done += 1
     s.n_indexed = p
@@ -412,17 +440,29 @@ cdef inline void _fresh_state(DraftState* st) noexcept nogil:
 
 cdef struct StoreCounts:
     int64_t n
+    int64_t lo
     int64_t n_indexed
     int64_t cap
     int64_t index_bytes
 
 
+cdef int _check_resize(TokenStore store, int64_t capacity) except -1:
+    if not store.s.scoped:
+        raise ValueError("only a scope's history (key_bits >= 0) is resized")
+    if capacity < 16 or capacity & (capacity - 1) or capacity > (<int64_t>2 << store.s.hbits):
+        raise ValueError(f"capacity must be a power of two in [16, {2 << store.s.hbits}], got {capacity}")
+    return 0
+
+
 cdef class TokenStore:
     """One token stream with its n-gram occurrence index.
 
-    ``ring=True``: a fixed-capacity ring that evicts its oldest tokens (the
-    shared history).  ``ring=False``: grows with the stream and is freed as a
-    whole (one request's prompt and output).  Tokens are appended raw and
+    ``ring=True``: a fixed-capacity ring that evicts its oldest tokens.
+    With ``key_bits`` >= 0 it is a scope's shared history: empty until
+    :meth:`resize` (or an :class:`Inserter` resize job) gives it room, and
+    chained as a full ring of ``2 ** (key_bits + 1)`` tokens is at any size
+    (see resize_store in ``_native.hpp``).  ``ring=False``: grows with the
+    stream and is freed as a whole (one request's prompt and output).  Tokens are appended raw and
     indexed afterwards, possibly by the inserter thread, so ``appended``
     (tokens stored, readable as continuations) can run ahead of ``indexed``
     (positions that can be found by a match).  The data lives in a native
@@ -434,9 +474,11 @@ cdef class TokenStore:
     cdef NativeStore* s
     cdef DraftState draft_state   # read and written by drafts, with the GIL held
 
-    def __cinit__(self, int64_t capacity, bint ring, orders):
+    def __cinit__(self, int64_t capacity, bint ring, orders, int key_bits=-1):
         cdef int i
         cdef int c_orders[MAX_ORDERS]
+        if key_bits >= 0 and (not ring or key_bits < 4 or key_bits > 32):
+            raise ValueError(f"a scope's history is a ring keyed by 4 to 32 bits, got key_bits={key_bits}")
         if capacity < 16:
             capacity = 16
         if len(orders) < 1 or len(orders) > MAX_ORDERS:
@@ -448,7 +490,12 @@ cdef class TokenStore:
         self.ptr = make_shared[NativeStore]()
         self.s = self.ptr.get()
         _fresh_state(&self.draft_state)
-        _store_init(self.s, capacity, ring, len(orders), c_orders)
+        _store_init(self.s, capacity, ring, len(orders), c_orders, key_bits)
+        if self.s.scoped:
+            self.s.prev.resize(len(orders))
+            self.s.head.resize(len(orders))
+            self.s.smap.resize(len(orders))
+            return
         try:
             allocate_store(self.s)
         except MemoryError:
@@ -512,8 +559,8 @@ cdef class TokenStore:
         cdef NativeStore* s = self.s
         cdef int64_t i
         s.mtx.lock_shared()   # a reader: drafts of this request go on meanwhile
-        if start < s.n - s.cap:
-            start = s.n - s.cap
+        if start < store_base(s):
+            start = store_base(s)
         if start < 0:
             start = 0
         if end > s.n:
@@ -550,7 +597,8 @@ cdef class TokenStore:
         c.n = s.n
         c.n_indexed = s.n_indexed
         c.cap = s.cap
-        c.index_bytes = 0
+        c.lo = store_base(s)
+        c.index_bytes = map_bytes(s)
         for o in range(s.norders):
             c.index_bytes += s.prev[o].size() * 4 + s.head[o].size() * 4
         s.mtx.unlock_shared()
@@ -560,7 +608,7 @@ cdef class TokenStore:
     def size(self):
         """Tokens currently held (after eviction)."""
         cdef StoreCounts c = self._counts()
-        return c.cap if c.n > c.cap else c.n
+        return c.n - c.lo
 
     @property
     def appended(self):
@@ -579,6 +627,24 @@ cdef class TokenStore:
         """Bytes held by the stream and its index."""
         cdef StoreCounts c = self._counts()
         return c.cap * 4 + c.index_bytes
+
+    @property
+    def sparse(self):
+        """Whether a scope's history keeps its chain heads in a map (while it
+        is small) rather than the full-size table."""
+        return self.s.sparse
+
+    def resize(self, int64_t capacity):
+        """Give a scope's history room for ``capacity`` tokens (a power of
+        two), keeping its newest ones; see resize_store in ``_native.hpp``.
+        Only while nothing else writes the store (it is being loaded): a
+        server's histories are resized by :meth:`Inserter.resize`."""
+        _check_resize(self, capacity)
+        try:
+            resize_store(self.s, capacity)
+        except MemoryError:
+            raise MemoryError(f"out of memory resizing a scope's history to {capacity:,} tokens; "
+                              f"it is unchanged") from None
 
 
 cdef class Inserter:
@@ -602,30 +668,43 @@ cdef class Inserter:
             del self.thread
             self.thread = NULL
 
-    cdef void _submit(self, TokenStore store, const int32_t* tokens, int64_t count, bint index_pending,
-                      bint urgent):
+    cdef int _submit(self, TokenStore store, const int32_t* tokens, int64_t count, int kind,
+                     bint urgent) except -1:
         if not self.background:
-            with nogil:
-                _apply_insert(store.s, tokens, count, index_pending)
-            return
+            if kind == kResize:
+                resize_store(store.s, count)   # MemoryError here, on the caller's thread
+            else:
+                with nogil:
+                    _apply_insert(store.s, tokens, count, kind == kIndexPending)
+            return 0
         with nogil:
-            self.thread.submit(store.ptr, tokens, count, index_pending, urgent)
+            self.thread.submit(store.ptr, tokens, count, kind, urgent)
+        return 0
 
     def index_pending(self, TokenStore store):
         """Index whatever ``store`` holds unindexed (a prompt appended raw)."""
-        self._submit(store, NULL, 0, True, True)
+        self._submit(store, NULL, 0, kIndexPending, True)
 
     def share(self, TokenStore shared, TokenStore source, int64_t start, int64_t end, int64_t context):
         """Append ``source``'s tokens [start, end) to ``shared`` behind a
         separator, with ``context`` tokens before ``start`` so the first new
         ones have n-grams to be found by (copied here, natively: no Python
-        list or array per flush)."""
+        list or array per flush).  Returns how many tokens that appends."""
         cdef vector[int32_t] buf
         buf.push_back(SEPARATOR)
         with nogil:
             source._copy(start - context, end, buf)  # _copy clips to what is held
         # Not urgent: no draft waits for it, so no wake-up on the decode path.
-        self._submit(shared, buf.data(), buf.size(), False, False)
+        self._submit(shared, buf.data(), buf.size(), kAppend, False)
+        return buf.size()
+
+    def resize(self, TokenStore store, int64_t capacity):
+        """Queue :meth:`TokenStore.resize` of a scope's history: applied in
+        order with the shares (so the same calls size every history the
+        same way), off the caller's thread.  A resize the process cannot
+        allocate leaves the history as it was and counts in ``failures``."""
+        _check_resize(store, capacity)
+        self._submit(store, NULL, capacity, kResize, False)
 
     def synchronize(self):
         """Wait (GIL released) until every insert submitted so far is applied."""
@@ -786,7 +865,7 @@ cdef inline void _prefetch_heads(NativeStore* s, const int32_t* ctx, int ctx_len
     _suffix_hashes(s, ctx, ctx_len, hashes)
     for o in range(s.norders):
         if s.orders[o] <= ctx_len:
-            __builtin_prefetch(&s.head[o][hashes[o] >> shift])
+            __builtin_prefetch(chain_head_address(s, o, <uint32_t>(hashes[o] >> shift)))
     if past_last and ctx_len > 1:
         _prefetch_heads(s, ctx, ctx_len - 1, False)
 
@@ -795,7 +874,7 @@ cdef inline int64_t _latest(NativeStore* s, int o, uint64_t h) noexcept nogil:
     # The latest position whose order-``o`` n-gram hashes to ``h``'s slot
     # (the head of its chain; must hold s.mtx), or -1.  Heads hold
     # (position + 1) mod 2**32, see _index_locked.
-    cdef uint32_t e = s.head[o][h >> (64 - s.hbits)]
+    cdef uint32_t e = chain_head(s, o, <uint32_t>(h >> (64 - s.hbits)))
     cdef int64_t n = s.n
     if e == 0:
         return -1
@@ -840,7 +919,7 @@ cdef int _gather(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftPar
     cdef int scout_walk[MAX_ORDERS]
     cdef int64_t scout_q[MAX_ORDERS]
     cdef uint32_t d, sd
-    cdef int64_t q, sq, base = s.n - s.cap if s.n > s.cap else 0
+    cdef int64_t q, sq, base = store_base(s)
     cdef int64_t n = s.n
     cdef int32_t t
     cdef int max_match = prm.max_match if prm.max_match < ctx_len else ctx_len
@@ -955,7 +1034,7 @@ cdef void _anchor(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftPa
     cdef int m_best = 0, o = 0, K, steps, am, best_am = 0, mq, best_mq = 0
     cdef size_t c
     cdef int64_t q, r = -1, end, best_q = -1, dist, best_dist = 0
-    cdef int64_t base = s.n - s.cap if s.n > s.cap else 0
+    cdef int64_t base = store_base(s)
     cdef int top = s.norders - 1
     cdef uint64_t hashes[MAX_ORDERS]
     cdef uint32_t d
@@ -1454,15 +1533,17 @@ cdef class Drafter:
         self.drafted += self.out_tokens.size()
         return self._result(list(self.out_tokens), list(self.out_parents))
 
-    def draft_batch(self, list locals_, TokenStore shared, list contexts, int budget,
+    def draft_batch(self, list locals_, list shareds, list contexts, int budget,
                     bint one_branch, DraftConfig config, int64_t max_id):
-        """:meth:`draft_context` for many requests, in a list."""
+        """:meth:`draft_context` for many requests, in a list: request i
+        drafts from ``locals_[i]`` and ``shareds[i]`` (its scope's history,
+        or None)."""
         cdef Py_ssize_t i
         out = []
         draft_begin()   # the whole batch, glue included, has priority over indexing
         try:
             for i in range(len(contexts)):
-                out.append(self._draft_one(locals_[i], shared, contexts[i], budget,
+                out.append(self._draft_one(locals_[i], shareds[i], contexts[i], budget,
                                            one_branch, config, max_id))
         finally:
             draft_end()

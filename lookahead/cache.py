@@ -1,28 +1,48 @@
 """``LookaheadCache``: the drafting API that the SGLang worker and users drive.
 
-It owns one shared history (a bounded ring of every request's output, the
-cross-request n-gram source) and one store per live request (its whole prompt
-plus its output, the copy source).  Prompts and shared-history inserts are
-applied by a native background thread that never takes the GIL; a request's
-own new tokens go into its store at once, since they are few and the very
-next draft needs them.
+It owns one shared history per scope (the cross-request n-gram source: the
+outputs of the scope's requests; see ``lookahead.scopes`` for how they share
+one memory budget) and one store per live request (its whole prompt plus its
+output, the copy source).  A request drafts from its own store and its
+scope's history only.  Prompts and shared-history inserts are applied by a
+native background thread that never takes the GIL; a request's own new
+tokens go into its store at once, since they are few and the very next
+draft needs them.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import secrets
 import threading
+import time
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass
-from typing import Any, Hashable, NamedTuple, Sequence
+from typing import Any, Hashable, NamedTuple, Optional, Sequence
 
 import numpy as np
 
 from lookahead._trie import DraftConfig, Drafter, Inserter, TokenStore, read_tokens
 from lookahead.host import memory_short_of
+from lookahead.scopes import Drop, Resize, ScopeBudget, check_scope
 from lookahead.tokens import MAX_TOKEN_ID, check_budget
 
-_FORMAT_VERSION = 1
+logger = logging.getLogger(__name__)
+
+# 1: one shared history ("shared"); 2: one per scope ("tokens" split by
+# "lengths", the scopes named in the meta, least recently used first).
+_FORMAT_VERSION = 2
+
+# The scope of a request that shares no history (put_prompt(share=False)):
+# no scope is ever keyed by it, so its drafts find no shared history.
+_PRIVATE = object()
+
+# Set to a file path, every draft is appended to it as a JSON line (request,
+# scope, its stream length, context tail, draft): what the end-to-end tests
+# check isolation with, in a real server.  Unset, drafting is untouched.
+DRAFT_LOG_ENV = "LOOKAHEAD_DRAFT_LOG"
 
 
 class Draft(NamedTuple):
@@ -44,7 +64,7 @@ class Draft(NamedTuple):
 class LookaheadConfig:
     """Every knob of the cache; the defaults are the tuned ones (see README)."""
 
-    max_memory_bytes: int = 256 << 20  # shared history budget, index included
+    max_memory_bytes: int = 256 << 20  # shared histories' budget (all scopes), index included
     orders: tuple = (1, 2, 4, 8)  # n-gram orders indexed for matching
     max_match_len: int = 64  # longest context suffix compared to an occurrence
     max_walk: int = 16  # occurrences visited per order and store
@@ -118,8 +138,9 @@ class LookaheadConfig:
 
     @property
     def shared_capacity(self) -> int:
-        """Tokens the shared ring holds: the largest power of two whose stream
-        and index (4 bytes per order for chains, 2 for hash heads) fit."""
+        """Tokens one scope's history holds at most (all of them, when there
+        is one scope): the largest power of two whose stream and index (4
+        bytes per order for chains, 2 for hash heads) fit."""
         per_token = 4 + 6 * len(self.orders)
         tokens = max(16, self.max_memory_bytes // per_token)
         return 1 << (tokens.bit_length() - 1)
@@ -130,6 +151,7 @@ class _Request:
     store: TokenStore  # the prompt, then the output as it is accepted
     prompt_len: int
     shared_upto: int  # store position up to which the output is in the shared history
+    scope: Any = None  # its scope's key (_PRIVATE: it shares nothing)
 
 
 class LookaheadCache:
@@ -137,7 +159,7 @@ class LookaheadCache:
 
     Typical use (one call per scheduler step)::
 
-        cache.put_prompt(rid, prompt_ids)            # when prefill is scheduled
+        cache.put_prompt(rid, prompt_ids, scope=tenant)   # when prefill is scheduled
         d = cache.draft(rid, context, budget)        # before each verify
         cache.put_output(rid, accepted_ids)          # after each verify
         cache.finish(rid)                            # on completion or abort
@@ -179,18 +201,33 @@ class LookaheadCache:
             output_weight=config.output_weight,
         )
         self._max_id = MAX_TOKEN_ID if config.vocab_size is None else config.vocab_size - 1
-        self._shared = TokenStore(config.shared_capacity, True, config.orders)
+        self._budget = ScopeBudget(config.max_memory_bytes, config.shared_capacity, len(config.orders))
+        self._scopes = self._budget.scopes  # key -> Scope, read without the lock by drafts
         self._requests: dict[Hashable, _Request] = {}
         self._lock = threading.Lock()
         self._inserter = Inserter(config.background)
         self._scratch = threading.local()
         self._drafters: list[Drafter] = []
         self._prompts = self._prompt_tokens = self._output_tokens = self._finished = 0
+        self._saver = _Saver(self)
+        log = os.environ.get(DRAFT_LOG_ENV)
+        if log:
+            self._log = _DraftLog(log)
+            self.draft = self._logged_draft
+            self.batch_draft = self._logged_batch_draft
 
     # -- feeding -------------------------------------------------------------
 
-    def put_prompt(self, rid: Hashable, tokens: Any) -> None:
-        """Index a new request's whole prompt (in the background)."""
+    def put_prompt(self, rid: Hashable, tokens: Any, *, scope: Optional[str] = None, share: bool = True) -> None:
+        """Index a new request's whole prompt (in the background).
+
+        The request drafts from its own prompt and output and from its
+        ``scope``'s shared history (a ``str``, or ``None`` for the default
+        scope), and its output enters that history only.  ``share=False``:
+        it neither drafts from nor feeds any shared history."""
+        scope = check_scope(scope)
+        if type(share) is not bool:
+            raise TypeError(f"share must be a bool, got {type(share).__name__}")
         arr = read_tokens(tokens, self._max_id, "prompt")
         store = TokenStore(max(1024, 2 * len(arr) + 256), False, self.config.orders)
         # The raw copy is a memcpy; the indexing is the expensive part.
@@ -199,9 +236,11 @@ class LookaheadCache:
         with self._lock:
             if rid in self._requests:
                 raise ValueError(f"request {rid!r} already has a prompt; call finish() before reusing its id")
-            self._requests[rid] = _Request(store, len(arr), len(arr))
+            self._requests[rid] = _Request(store, len(arr), len(arr), scope if share else _PRIVATE)
             self._prompts += 1
             self._prompt_tokens += len(arr)
+            if share:
+                self._budget.touch(scope)
         self._inserter.index_pending(store)
 
     def put_output(self, rid: Hashable, tokens: Any) -> None:
@@ -229,13 +268,41 @@ class LookaheadCache:
         # A separator keeps n-grams from spanning requests; the tokens just
         # before the new output (the prompt's tail, or the last shared output)
         # give its first tokens their context.
+        if req.scope is _PRIVATE:
+            return
         with self._lock:
             start, end = req.shared_upto, req.store.appended
             if end <= start:
                 return
             context = self.config.share_prompt_tail if start == req.prompt_len else max(self.config.orders)
             req.shared_upto = end
-        self._inserter.share(self._shared, req.store, start, end, context)
+            # What Inserter.share appends: the separator, then the request's
+            # tokens from ``start - context`` (a request store never evicts).
+            count = 1 + end - max(0, start - context)
+            scope, steps = self._budget.share(req.scope, count)
+            # Sizing and the share are queued under the lock, so the insert
+            # thread applies them in the order they were decided.
+            for step in steps:
+                self._apply(step)
+            if scope.store is None:  # an empty history (too big a share for any room is none)
+                scope.store = self._new_history()
+            self._inserter.share(scope.store, req.store, start, end, context)
+
+    def _new_history(self) -> TokenStore:
+        return TokenStore(0, True, self.config.orders, self._budget.key_bits)
+
+    def _apply(self, step, now: bool = False) -> None:
+        """Carry out a ``ScopeBudget`` decision on the native stores: queued
+        (in order with the shares), or at once while loading (``now``)."""
+        if type(step) is Drop:
+            step.scope.store = None  # freed once queued inserts let go of it
+            return
+        if step.scope.store is None:
+            step.scope.store = self._new_history()
+        if now:
+            step.scope.store.resize(step.capacity)
+        else:
+            self._inserter.resize(step.scope.store, step.capacity)
 
     def synchronize(self) -> None:
         """Wait until every insert submitted so far is visible to drafts."""
@@ -252,6 +319,12 @@ class LookaheadCache:
                 self._drafters.append(drafter)
             return drafter
 
+    def _history(self, req: _Request) -> Optional[TokenStore]:
+        # The request's scope's history, if it has one (read without the
+        # lock: a dict lookup, and a dropped history stays alive while used).
+        scope = self._scopes.get(req.scope)
+        return None if scope is None else scope.store
+
     def draft(self, rid: Hashable, context: Any, budget: int, one_branch: bool = False) -> Draft:
         """Draft at most ``budget`` tokens after ``context`` (prompt + output so far).
 
@@ -262,7 +335,7 @@ class LookaheadCache:
         req = self._requests.get(rid)
         if req is None:
             raise ValueError(f"unknown request {rid!r}: call put_prompt() first")
-        return self._drafter().draft_context(req.store, self._shared, context, budget,
+        return self._drafter().draft_context(req.store, self._history(req), context, budget,
                                              one_branch, self._draft_config, self._max_id)
 
     def batch_draft(self, rids: Sequence[Hashable], contexts: Sequence[Any], budget: int,
@@ -271,14 +344,26 @@ class LookaheadCache:
         budget = check_budget(budget)
         if len(rids) != len(contexts):
             raise ValueError(f"batch_draft got {len(rids)} rids but {len(contexts)} contexts")
-        stores = []
+        stores, histories = [], []
         for rid in rids:
             req = self._requests.get(rid)
             if req is None:
                 raise ValueError(f"unknown request {rid!r}: call put_prompt() first")
             stores.append(req.store)
-        return self._drafter().draft_batch(stores, self._shared, list(contexts), budget, one_branch,
+            histories.append(self._history(req))
+        return self._drafter().draft_batch(stores, histories, list(contexts), budget, one_branch,
                                            self._draft_config, self._max_id)
+
+    def _logged_draft(self, rid, context, budget, one_branch=False):
+        draft = LookaheadCache.draft(self, rid, context, budget, one_branch)
+        self._log.record(self, rid, context, draft)
+        return draft
+
+    def _logged_batch_draft(self, rids, contexts, budget, one_branch=False):
+        drafts = LookaheadCache.batch_draft(self, rids, contexts, budget, one_branch)
+        for rid, context, draft in zip(rids, contexts, drafts):
+            self._log.record(self, rid, context, draft)
+        return drafts
 
     # -- introspection and persistence ----------------------------------------
 
@@ -289,11 +374,17 @@ class LookaheadCache:
         return len(self._requests)
 
     def stats(self) -> dict:
-        """Sizes and counters, for logs, metrics and benchmarks."""
+        """Sizes and counters, for logs, metrics and benchmarks.
+
+        ``scopes`` histories hold ``shared_tokens`` live tokens in
+        ``shared_bytes`` (the same as ``scope_bytes``); ``shared_capacity``
+        is the most one history holds."""
         with self._lock:
             live = list(self._requests.values())
             stores = [r.store for r in live]
             drafters = list(self._drafters)
+            budget = self._budget
+            scopes, shared_bytes, shared_tokens, seen = len(budget.scopes), budget.bytes, budget.tokens, budget.appended
         local_bytes = sum(s.nbytes for s in stores)
         return {
             "prompts": self._prompts,
@@ -305,33 +396,80 @@ class LookaheadCache:
             "active_requests": len(stores),
             "local_tokens": sum(s.size for s in stores),
             "local_bytes": local_bytes,
-            "shared_tokens": self._shared.size,
-            "shared_tokens_seen": self._shared.appended,
-            "shared_capacity": self._shared.capacity,
-            "shared_bytes": self._shared.nbytes,
-            "total_bytes": self._shared.nbytes + local_bytes,
+            "scopes": scopes,
+            "scope_bytes": shared_bytes,
+            "shared_tokens": shared_tokens,
+            "shared_tokens_seen": seen,
+            "shared_capacity": self.config.shared_capacity,
+            "shared_bytes": shared_bytes,
+            "total_bytes": shared_bytes + local_bytes,
             "pending_inserts": self._inserter.pending(),
             "failed_inserts": self._inserter.failures,
         }
 
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the shared history (not live requests) to ``path`` (.npz)."""
+    def scope_stats(self) -> dict:
+        """Per scope holding a history (least recently used first): its live
+        ``tokens``, ``capacity`` and ``bytes``."""
+        with self._lock:
+            return self._budget.summary()
+
+    def save(self, path: str | os.PathLike, *, background: bool = False) -> Optional[Future]:
+        """Write every scope's shared history (not live requests) to ``path`` (.npz).
+
+        The file is written under a name unique to this process and call,
+        then renamed over ``path``: a reader (or another replica saving to
+        the same path) never sees a partial file.  ``background=True``
+        returns at once: a thread of this cache takes the snapshot and
+        writes it (saves asked for meanwhile are one more save after it),
+        and the returned ``Future`` gives the seconds it took.  A plain save
+        waits for those first, so the last save asked for is the one kept."""
+        if background:
+            return self._saver.submit(os.fspath(path))
+        self._saver.wait()
+        self._write(os.fspath(path))
+        return None
+
+    def _snapshot(self) -> tuple[list, list]:
         self.synchronize()
-        meta = {"format": _FORMAT_VERSION, "config": {**asdict(self.config), "orders": list(self.config.orders)}}
-        tmp = f"{os.fspath(path)}.tmp"
-        with open(tmp, "wb") as f:
-            np.savez_compressed(f, shared=self._shared.tokens(), meta=np.frombuffer(json.dumps(meta).encode(), np.uint8))
-        os.replace(tmp, path)
+        with self._lock:
+            held = [(s.key, s.store) for s in self._scopes.values() if s.store is not None]
+        # Each history is copied under its own lock (shares to the others go on).
+        return [key for key, _ in held], [store.tokens() for _, store in held]
+
+    def _write(self, path: str) -> None:
+        keys, arrays = self._snapshot()
+        meta = {"format": _FORMAT_VERSION, "config": {**asdict(self.config), "orders": list(self.config.orders)},
+                "scopes": keys}
+        tokens = np.concatenate(arrays) if arrays else np.zeros(0, np.int32)
+        lengths = np.asarray([len(a) for a in arrays], dtype=np.int64)
+        tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                np.savez_compressed(f, tokens=tokens, lengths=lengths,
+                                    meta=np.frombuffer(json.dumps(meta).encode(), np.uint8))
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
 
     @classmethod
     def load(cls, path: str | os.PathLike, **overrides: Any) -> "LookaheadCache":
-        """A cache whose shared history is the one saved at ``path``."""
+        """A cache whose shared histories are the ones saved at ``path``
+        (each scope stays isolated; a file of format 1, one shared history,
+        loads as the default scope's)."""
         try:
             with np.load(path, allow_pickle=False) as data:
                 meta = json.loads(bytes(data["meta"]).decode())
-                shared = np.ascontiguousarray(data["shared"], dtype=np.int32)
-            if meta.get("format") != _FORMAT_VERSION:
-                raise ValueError(f"unsupported lookahead cache format {meta.get('format')!r}")
+                fmt = meta.get("format")
+                if fmt == 1:
+                    keys, chunks = [None], [np.ascontiguousarray(data["shared"], dtype=np.int32)]
+                elif fmt == _FORMAT_VERSION:
+                    keys, chunks = _split_scopes(meta, data["tokens"], data["lengths"])
+                else:
+                    raise ValueError(f"unsupported lookahead cache format {fmt!r}")
             config = dict(meta["config"], orders=tuple(meta["config"]["orders"]))
         except FileNotFoundError:
             raise
@@ -339,11 +477,138 @@ class LookaheadCache:
             raise ValueError(f"{path}: not a saved LookaheadCache ({type(exc).__name__}: {exc})") from None
         config.update(overrides)
         cache = cls(LookaheadConfig(**config))
-        if shared.size and (shared.min() < -1 or (cache.config.vocab_size and shared.max() >= cache.config.vocab_size)):
-            raise ValueError(f"{path}: saved history holds ids outside the vocabulary")
-        cache._shared.append_indexed(shared)
+        try:
+            for tokens in chunks:
+                if tokens.size and (tokens.min() < -1 or (cache.config.vocab_size and
+                                                          tokens.max() >= cache.config.vocab_size)):
+                    raise ValueError(f"{path}: saved history holds ids outside the vocabulary")
+            # Least recently used first, so the budget keeps the most recent
+            # scopes if it is smaller now.  Nothing else writes them yet.
+            for key, tokens in zip(keys, chunks):
+                if not tokens.size:
+                    continue
+                scope, steps = cache._budget.share(key, int(tokens.size))
+                for step in steps:
+                    cache._apply(step, now=True)
+                scope.store.append_indexed(tokens)
+        except BaseException:
+            cache.close()
+            raise
         return cache
 
+    @classmethod
+    def open(cls, path: str | os.PathLike | None, **overrides: Any) -> "LookaheadCache":
+        """A server's start-up: the cache saved at ``path`` if there is one,
+        else an empty one.  A file that cannot be loaded (truncated, corrupt,
+        saved for another vocabulary) must not keep the server down: it is
+        renamed to ``PATH.corrupt``, kept for a look, and the cache starts
+        empty, with a warning saying why."""
+        if path is None or not os.path.exists(path):
+            return cls(**overrides)
+        try:
+            return cls.load(path, **overrides)
+        except ValueError as exc:
+            aside = f"{os.fspath(path)}.corrupt"
+            try:
+                os.replace(path, aside)
+                kept = f"moved it to {aside}"
+            except OSError as move_error:  # e.g. another replica moved it first
+                kept = f"could not move it aside ({move_error})"
+            logger.warning("LOOKAHEAD: cannot load the saved trie: %s; %s and starting with an empty "
+                           "history", exc, kept)
+            return cls(**overrides)
+
     def close(self) -> None:
-        """Finish pending inserts and stop the background thread."""
+        """Finish pending saves and inserts, and stop the background thread."""
+        self._saver.wait()
         self._inserter.close()
+
+
+def _split_scopes(meta: dict, tokens: np.ndarray, lengths: np.ndarray) -> tuple[list, list]:
+    # A format-2 file's histories, checked for consistency.
+    keys = meta["scopes"]
+    if not isinstance(keys, list) or any(k is not None and type(k) is not str for k in keys):
+        raise ValueError("the scopes are not a list of names")
+    if len(set(keys)) != len(keys):
+        raise ValueError("a scope is saved twice")
+    lengths = np.asarray(lengths)
+    if lengths.ndim != 1 or len(lengths) != len(keys) or (lengths < 0).any() or lengths.sum() != len(tokens):
+        raise ValueError("the histories' lengths do not match the tokens saved")
+    tokens = np.ascontiguousarray(tokens, dtype=np.int32)
+    ends = np.cumsum(lengths)
+    return keys, [tokens[end - n: end] for n, end in zip(lengths.tolist(), ends.tolist())]
+
+
+class _Saver:
+    """Writes a cache's snapshots from a thread of its own, so that saving
+    never holds up the caller (a server's scheduler): one save at a time,
+    and any asked for meanwhile become a single save after it (of the
+    newest state).  The thread exits when there is nothing to save; it is
+    not a daemon, so a save in progress completes before the process exits."""
+
+    def __init__(self, cache: LookaheadCache):
+        self._cache = cache
+        self._cond = threading.Condition()
+        self._queued: dict[str, Future] = {}  # path -> the future of its next save
+        self._running = False
+
+    def submit(self, path: str) -> Future:
+        with self._cond:
+            future = self._queued.get(path)
+            if future is None:
+                future = self._queued[path] = Future()
+            if not self._running:
+                self._running = True
+                threading.Thread(target=self._run, name="lookahead-save", daemon=False).start()
+            return future
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if not self._queued:
+                    self._running = False
+                    self._cond.notify_all()
+                    return
+                path = next(iter(self._queued))
+                future = self._queued.pop(path)
+            future.set_running_or_notify_cancel()
+            t0 = time.monotonic()
+            try:
+                self._cache._write(path)
+            except BaseException as exc:
+                logger.warning("LOOKAHEAD: could not save the trie to %s: %s", path, exc)
+                future.set_exception(exc)
+            else:
+                future.set_result(time.monotonic() - t0)
+
+    def wait(self) -> None:
+        """Until no save is queued or in progress."""
+        with self._cond:
+            while self._running:
+                self._cond.wait()
+
+
+class _DraftLog:
+    """Appends each draft, with what it was drafted for, to a JSONL file
+    (see ``DRAFT_LOG_ENV``)."""
+
+    def __init__(self, path: str):
+        self._file = open(path, "a", buffering=1)
+        self._lock = threading.Lock()
+
+    def record(self, cache: LookaheadCache, rid, context, draft: Draft) -> None:
+        req = cache._requests.get(rid)
+        if req is None:
+            return
+        tail = list(context[-cache.config.max_match_len:])
+        line = json.dumps({
+            "rid": rid if isinstance(rid, (str, int)) else repr(rid),
+            "scope": None if req.scope is _PRIVATE else req.scope,
+            "share": req.scope is not _PRIVATE,
+            "stream": req.store.appended,
+            "context": [int(t) for t in tail],
+            "tokens": list(draft.tokens),
+            "parents": list(draft.parents),
+        })
+        with self._lock:
+            self._file.write(line + "\n")

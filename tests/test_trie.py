@@ -737,7 +737,8 @@ def test_save_load_round_trip(tmp_path):
         # Saving the loaded cache again gives the same history.
         loaded.save(tmp_path / "again.npz")
         with np.load(path) as a, np.load(tmp_path / "again.npz") as b:
-            assert np.array_equal(a["shared"], b["shared"])
+            assert np.array_equal(a["tokens"], b["tokens"]) and np.array_equal(a["lengths"], b["lengths"])
+            assert len(a["tokens"]) == shared_before
     finally:
         loaded.close()
 
@@ -763,10 +764,13 @@ def test_load_rejects_wrong_format_and_bad_ids(tmp_path):
     wrong.write_bytes(_npz_bytes(shared=np.arange(5, dtype=np.int32), meta=_meta(**{**meta, "format": 99})))
     with pytest.raises(ValueError, match="unsupported lookahead cache format 99"):
         LookaheadCache.load(wrong)
-    bad_ids = tmp_path / "bad_ids.npz"
-    bad_ids.write_bytes(_npz_bytes(shared=np.array([-1, 5, -7], dtype=np.int32), meta=_meta(**meta)))
-    with pytest.raises(ValueError, match="outside the vocabulary"):
-        LookaheadCache.load(bad_ids)
+    for name, arrays in (("v1", dict(shared=np.array([-1, 5, -7], dtype=np.int32), meta=_meta(**{**meta, "format": 1}))),
+                         ("v2", dict(tokens=np.array([-1, 5, -7], dtype=np.int32), lengths=np.array([3]),
+                                     meta=_meta(**{**meta, "scopes": ["a"]})))):
+        bad_ids = tmp_path / f"bad_ids_{name}.npz"
+        bad_ids.write_bytes(_npz_bytes(**arrays))
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            LookaheadCache.load(bad_ids)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         LookaheadCache.load(path, vocab_size=2)  # the saved history holds ids up to 29
     with pytest.raises(FileNotFoundError):
@@ -994,27 +998,37 @@ def test_memory_budget_beyond_this_machine_is_rejected():
 
 
 def test_what_the_process_cannot_allocate_is_a_memory_error():
-    """Within the machine's memory but beyond what the process may map, a
-    new cache, or a request's output that its store cannot grow to hold: a
-    MemoryError that says so, nothing changed, and the process goes on (the
-    first used to abort it, the second to wrap the request's stream)."""
+    """Within the machine's memory but beyond what the process may map: a
+    request's output that its store cannot grow to hold, or a scope's
+    history that cannot grow: a MemoryError that says so (a failed insert,
+    when it is the insert thread's), nothing changed, and the process goes
+    on (the first used to wrap the request's stream)."""
     script = textwrap.dedent("""
         import resource, sys
         import numpy as np
         sys.path.insert(0, sys.argv[1])
         from lookahead import LookaheadCache
+        from lookahead._trie import Inserter, TokenStore
         huge_output = np.ones(60_000_000, dtype=np.int32)
-        cache = LookaheadCache(max_memory_bytes=1 << 20)
+        cache = LookaheadCache(max_memory_bytes=1 << 30)  # histories are allocated as they grow
         cache.put_prompt("r", [1, 2, 3, 1, 2])
         cache.synchronize()  # the insert thread's stack and arena are mapped by now
         vm = int([l for l in open("/proc/self/status") if l.startswith("VmSize")][0].split()[1]) << 10
         # Room to read the output (up to 384 MB while its buffer grows), not
-        # for a 1 GiB cache (940 MB) or a store of 64M tokens (2.3 GB).
+        # for a store of 64M tokens (2.3 GB) or a history of 32M (1.2 GB).
         resource.setrlimit(resource.RLIMIT_AS, (vm + (600 << 20), resource.RLIM_INFINITY))
+        history = TokenStore(0, True, (1, 2, 4, 8), 24)
         try:
-            LookaheadCache(max_memory_bytes=1 << 30)
+            history.resize(1 << 25)
         except MemoryError as exc:
             print("MemoryError:", exc)
+        inserter = Inserter()
+        inserter.resize(history, 1 << 25)
+        inserter.synchronize()
+        print("queued resize:", inserter.failures, "failed, capacity", history.capacity)
+        inserter.resize(history, 1 << 10)
+        inserter.synchronize()
+        print("then:", inserter.failures, "failed, capacity", history.capacity)
         try:
             cache.put_output("r", huge_output)
         except MemoryError as exc:
@@ -1024,7 +1038,10 @@ def test_what_the_process_cannot_allocate_is_a_memory_error():
     """)
     out = subprocess.run([sys.executable, "-c", script, str(REPO)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "MemoryError: out of memory for a token store of 33,554,432 tokens" in out.stdout, out.stdout
+    assert "MemoryError: out of memory resizing a scope's history to 33,554,432 tokens; it is unchanged" \
+        in out.stdout, out.stdout
+    assert "queued resize: 1 failed, capacity 0" in out.stdout, out.stdout
+    assert "then: 1 failed, capacity 1024" in out.stdout, out.stdout
     assert "MemoryError: out of memory growing a token store of 5 tokens by 60,000,000" in out.stdout, out.stdout
     assert "Exception ignored" not in out.stderr, out.stderr
     assert "draft: [2, 3, 1] 1" in out.stdout, out.stdout  # the store holds [1, 2, 3, 1, 2, 3]

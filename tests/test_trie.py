@@ -37,6 +37,7 @@ for _p in (str(REPO), str(Path(__file__).resolve().parent)):
 from lookahead import Draft, LookaheadCache, LookaheadConfig  # noqa: E402
 from lookahead.replay import accepted_length, make_drafter, replay  # noqa: E402
 from lookahead.baselines import tree_from_mask  # noqa: E402
+from draft_paths import check_paths_in_history  # noqa: E402
 from trie_reference import RefCache  # noqa: E402
 
 SMALL_MEMORY = 1 << 16  # the smallest shared history: 1024 tokens with the default orders
@@ -74,45 +75,6 @@ def check_draft(draft, budget: int, one_branch: bool) -> None:
         seen.add((parent, tok))
     if one_branch:
         assert parents == list(range(-1, len(tokens) - 1))
-
-
-def leaf_paths(tokens, parents) -> list[list[int]]:
-    has_child = set(parents)
-    paths = []
-    for i in range(len(tokens)):
-        if i in has_child:
-            continue
-        path, j = [], i
-        while j >= 0:
-            path.append(tokens[j])
-            j = parents[j]
-        paths.append(path[::-1])
-    return paths
-
-
-def _joined(stream) -> str:
-    return "," + ",".join(map(str, stream)) + ","
-
-
-def check_paths_in_history(draft, context, streams, wildcard_tokens: int = 2) -> None:
-    """Every root path of the draft continues an occurrence of the context's
-    last token somewhere in what was fed (a request's prompt + outputs), or
-    (a draft past tokens that matched nothing, or past the last token at
-    ``wildcard_weight``) an occurrence of the token ``skip`` <=
-    ``wildcard_tokens`` places before it, ``skip`` tokens on."""
-    if not len(draft[0]):
-        return
-    last = int(context[-1])
-    haystacks = [_joined(s) for s in streams]
-    for path in leaf_paths(*draft):
-        needle = _joined([last] + path)
-        if any(needle in h for h in haystacks):
-            continue
-        assert any(
-            any(h[i] == int(context[-1 - skip]) and h[i + 1 + skip: i + 1 + skip + len(path)] == path
-                for h in streams for i in range(len(h) - skip - len(path)))
-            for skip in range(1, min(wildcard_tokens, len(context) - 1) + 1)
-        ), f"draft path {path} after {last} (never seen) continues no occurrence of the tokens before it"
 
 
 # ---------------------------------------------------------------------------
@@ -154,16 +116,19 @@ DEFAULT_CONFIG = st.fixed_dictionaries({
 
 
 def run_against_reference(data, config_kwargs: dict, max_ops: int = 40) -> int:
-    """Drive the cache and the reference with the same random calls; every
-    draft (taken after ``synchronize()``) must be identical.  Returns the
-    number of non-empty drafts compared."""
+    """Drive the cache and the reference with the same random calls, each
+    request in one of a few scopes; every draft (taken after
+    ``synchronize()``) must be identical, and come from the request's own
+    stream and its scope's only.  Returns the number of non-empty drafts
+    compared."""
     cfg = LookaheadConfig(**config_kwargs)
     vocab = data.draw(st.sampled_from([5, 6, 7, 8]), label="vocab")
     tok = st.integers(0, vocab - 1)
     kinds = st.sampled_from(["list", "tuple", "int32", "int64"])
     ref = RefCache(cfg)
     live: dict = {}  # rid -> stream (prompt + outputs)
-    history: list = []  # every stream ever fed
+    scope_of: dict = {}  # rid -> its scope's name ("private": it shares nothing)
+    histories: dict = {}  # scope -> every stream ever fed in it
     next_rid = 0
     nonempty = 0
     with open_cache(cfg) as cache:
@@ -175,10 +140,13 @@ def run_against_reference(data, config_kwargs: dict, max_ops: int = 40) -> int:
                 next_rid += 1
                 size = data.draw(st.sampled_from([0, 3, 10, 25, 40]))
                 prompt = data.draw(st.lists(tok, min_size=size, max_size=max(size, 40)), label="prompt")
-                cache.put_prompt(rid, as_input(prompt, data.draw(kinds)))
-                ref.put_prompt(rid, prompt)
+                name = data.draw(st.sampled_from(["default", "default", "a", "b", "private"]), label="scope")
+                scope, share = (None if name in ("default", "private") else name), name != "private"
+                cache.put_prompt(rid, as_input(prompt, data.draw(kinds)), scope=scope, share=share)
+                ref.put_prompt(rid, prompt, scope, share)
                 live[rid] = list(prompt)
-                history.append(live[rid])
+                scope_of[rid] = name
+                histories.setdefault(name, []).append(live[rid])
             elif action == "output":
                 rid = data.draw(st.sampled_from(sorted(live, key=str)))
                 size = data.draw(st.sampled_from([1, 2, 3, 10, 20]))
@@ -221,7 +189,10 @@ def run_against_reference(data, config_kwargs: dict, max_ops: int = 40) -> int:
                         f"differs from the reference: {d} != {want}")
                     check_draft(d, budget, one_branch)
                     if ctx:
-                        check_paths_in_history(d, ctx, history, max(cfg.wildcard_tokens, int(cfg.wildcard_weight > 0)))
+                        # Only from its own stream and its scope's (isolation).
+                        name = scope_of[rid]
+                        seen = [live[rid]] if name == "private" else histories[name]
+                        check_paths_in_history(d, ctx, seen, max(cfg.wildcard_tokens, int(cfg.wildcard_weight > 0)))
                     nonempty += bool(d.tokens)
     return nonempty
 

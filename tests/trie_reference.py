@@ -13,8 +13,13 @@ tokens contain no separator.  The native code keeps, per order, a hash table
 of chains (most recent first); the model keeps the same thing as a list of
 positions per hash slot.  The hash and the slot count are modelled exactly,
 so hash collisions (different n-grams sharing a chain, and using up
-``max_walk`` steps) behave as in the native code.  The shared history is a
-ring of ``cap`` tokens: positions below ``n - cap`` are evicted.
+``max_walk`` steps) behave as in the native code.  A shared history is a
+ring of ``cap`` tokens: positions below ``n - cap`` are evicted, and so are
+those below ``lo`` (see ``RefStore.resize``).  There is one per scope
+(``put_prompt(scope=...)``), and its chains are those of a full-size ring
+(``config.shared_capacity`` tokens, half as many hash slots) whatever its
+``cap``: a small history's chains hold the same positions, collisions
+included, as the full ring's would.
 
 Drafting one request after ``context`` (only its last ``max_match_len`` ids):
 
@@ -72,10 +77,15 @@ Drafting one request after ``context`` (only its last ``max_match_len`` ids):
      of node ``i``'s parent, ``-1`` for children of the root.
 
 The cache (``LookaheadCache``) around it: a request's store holds its prompt
-and then its outputs.  Outputs are *shared* (appended to the shared ring as
-``[-1] + context + new output``) every ``flush_tokens`` tokens and at
-``finish``; the context is the last ``share_prompt_tail`` prompt tokens the
-first time and the last ``max(orders)`` tokens afterwards.
+and then its outputs.  Outputs are *shared* (appended to the request's
+scope's history as ``[-1] + context + new output``) every ``flush_tokens``
+tokens and at ``finish``; the context is the last ``share_prompt_tail``
+prompt tokens the first time and the last ``max(orders)`` tokens
+afterwards.  A request drafts from its own store and its scope's history;
+a request put with ``share=False`` shares nothing and drafts from no history.
+How big each history is (``Resize``) and which are dropped (``Drop``) is
+``lookahead.scopes.ScopeBudget``'s decision, in plain Python, taken before
+each share; the model applies the same decisions.
 """
 
 from __future__ import annotations
@@ -111,13 +121,19 @@ def ngram_hash(backwards) -> int:
 class RefStore:
     """A token stream and its per-order occurrence index (chains by hash slot)."""
 
-    def __init__(self, capacity: int, ring: bool, orders):
+    def __init__(self, capacity: int, ring: bool, orders, key_bits: int | None = None):
         self.orders = tuple(orders)
         self.ring = ring
-        self.cap = 1 << log2_ceil(max(capacity, 16))
-        # The shared ring has half as many hash slots as tokens; a request's
-        # store one per token (re-hashed as it grows, see append).
-        self.hbits = log2_ceil(self.cap // 2 if ring else self.cap)
+        self.lo = 0  # no position below is live (see resize)
+        if key_bits is not None:
+            # A scope's history: empty until resized, keyed as the full ring.
+            self.cap = 0
+            self.hbits = key_bits
+        else:
+            self.cap = 1 << log2_ceil(max(capacity, 16))
+            # The shared ring has half as many hash slots as tokens; a request's
+            # store one per token (re-hashed as it grows, see append).
+            self.hbits = log2_ceil(self.cap // 2 if ring else self.cap)
         self.toks: list[int] = []  # every token ever appended (the ring hides the old ones)
         self._slots: dict = {}  # (order, hbits) -> {slot: [positions, ascending]}
         self._indexed: dict = {}  # (order, hbits) -> positions indexed so far
@@ -132,7 +148,13 @@ class RefStore:
     @property
     def base(self) -> int:
         """The oldest live position."""
-        return self.n - self.cap if self.ring and self.n > self.cap else 0
+        return max(self.lo, self.n - self.cap) if self.ring else 0
+
+    def resize(self, capacity: int) -> None:
+        """A scope's history gets room for ``capacity`` tokens: its newest
+        ones stay (where they are: positions are absolute), the rest goes."""
+        self.lo = max(self.base, self.n - capacity)
+        self.cap = capacity
 
     def append(self, tokens) -> None:
         tokens = [int(t) for t in tokens]
@@ -494,43 +516,68 @@ class RefRequest:
     store: RefStore
     prompt_len: int
     shared_upto: int
+    scope: object = None  # its scope's key, or PRIVATE
+    share: bool = True
 
 
 class RefCache:
     """``LookaheadCache`` as seen after ``synchronize()``."""
 
     def __init__(self, config):
+        from lookahead.scopes import ScopeBudget
+
         self.config = config
         self.params = Params.from_config(config)
-        self.shared = RefStore(config.shared_capacity, True, config.orders)
+        self.budget = ScopeBudget(config.max_memory_bytes, config.shared_capacity, len(config.orders))
         self.requests: dict = {}
 
-    def put_prompt(self, rid, tokens) -> None:
+    def history(self, scope) -> RefStore | None:
+        held = self.budget.scopes.get(scope)
+        return None if held is None else held.store
+
+    def put_prompt(self, rid, tokens, scope=None, share: bool = True) -> None:
         tokens = [int(t) for t in tokens]
         assert rid not in self.requests
         store = RefStore(max(1024, 2 * len(tokens) + 256), False, self.config.orders)
         store.append(tokens)
         store.prompt_end = len(tokens)
-        self.requests[rid] = RefRequest(store, len(tokens), len(tokens))
+        self.requests[rid] = RefRequest(store, len(tokens), len(tokens), scope, share)
+        if share:
+            self.budget.touch(scope)
 
     def put_output(self, rid, tokens) -> None:
         req = self.requests[rid]
         req.store.append(tokens)
-        if self.config.share_outputs and req.store.n - req.shared_upto >= self.config.flush_tokens:
+        if req.share and self.config.share_outputs and req.store.n - req.shared_upto >= self.config.flush_tokens:
             self._share(req)
 
     def finish(self, rid) -> None:
         req = self.requests.pop(rid)
-        if self.config.share_outputs:
+        if req.share and self.config.share_outputs:
             self._share(req)
 
     def _share(self, req: RefRequest) -> None:
+        from lookahead.scopes import Drop
+
         start, end = req.shared_upto, req.store.n
         if end <= start:
             return
         context = self.config.share_prompt_tail if start == req.prompt_len else max(self.config.orders)
         req.shared_upto = end
-        self.shared.append([SEPARATOR] + req.store.slice(start - context, end))
+        tokens = [SEPARATOR] + req.store.slice(start - context, end)
+        scope, steps = self.budget.share(req.scope, len(tokens))
+        for step in steps:
+            if isinstance(step, Drop):
+                step.scope.store = None
+                continue
+            if step.scope.store is None:
+                step.scope.store = RefStore(0, True, self.config.orders, self.budget.key_bits)
+            step.scope.store.resize(step.capacity)
+        if scope.store is None:
+            scope.store = RefStore(0, True, self.config.orders, self.budget.key_bits)
+        scope.store.append(tokens)
 
     def draft(self, rid, context, budget: int, one_branch: bool = False) -> tuple[list, list]:
-        return draft(self.requests[rid].store, self.shared, context, budget, one_branch, self.params)
+        req = self.requests[rid]
+        return draft(req.store, self.history(req.scope) if req.share else None, context, budget,
+                     one_branch, self.params)

@@ -13,15 +13,48 @@ this class derives them from what the worker does see:
 * ends: ``note_request_finished`` when SGLang calls it, and otherwise a
   sweep for finished requests at every step, plus ``finish_all`` when the
   scheduler clears the cache pool on going idle.
+
+It also decides each request's scope, the shared history it drafts from and
+feeds (``--speculative-lookahead-isolation``, see ``ISOLATION_MODES``): a
+request whose drafts are accepted decodes faster, so drafting one tenant's
+request from another's text would let the second read the first's.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Hashable, Iterable
+from typing import Any, Hashable, Iterable, Optional
 
 logger = logging.getLogger(__name__)
+
+# --speculative-lookahead-isolation: whose text a request's drafts may come from.
+ISOLATION_MODES = {
+    # The keys SGLang isolates its prefix cache by: the request's cache_salt,
+    # else its extra_key (which carries the LoRA adapter too), else the
+    # default scope.
+    "salt": "a request drafts from the requests with its cache_salt, else its extra_key, else from those with neither",
+    "none": "one shared history for all requests",
+    "request": "no shared history: a request drafts from its own prompt and output only",
+}
+DEFAULT_ISOLATION = "salt"
+
+
+def check_isolation(mode: Any) -> str:
+    if mode not in ISOLATION_MODES:
+        raise ValueError(f"isolation must be one of {', '.join(ISOLATION_MODES)}, got {mode!r}")
+    return mode
+
+
+def _server_isolation() -> str:
+    # The mode SGLang published for this scheduler process, or the default
+    # outside a server (the worker may not pass it explicitly).
+    try:
+        from lookahead.server_args import get_lookahead_args
+
+        return get_lookahead_args().isolation
+    except Exception:
+        return DEFAULT_ISOLATION
 
 
 @dataclass
@@ -31,9 +64,14 @@ class _Live:
 
 
 class RequestFeed:
-    def __init__(self, cache, on_finish=None):
+    """``isolation``: one of ``ISOLATION_MODES``; None reads the server's
+    ``--speculative-lookahead-isolation`` (as SGLang published it in this
+    process), or takes the default outside a server."""
+
+    def __init__(self, cache, on_finish=None, isolation: Optional[str] = None):
         self.cache = cache
         self.on_finish = on_finish  # called after each request is finished
+        self.isolation = check_isolation(_server_isolation() if isolation is None else isolation)
         self._live: dict[Hashable, _Live] = {}
 
     def __len__(self) -> int:
@@ -48,13 +86,31 @@ class RequestFeed:
         ids = getattr(req, "origin_input_ids_unpadded", None)
         return req.origin_input_ids if ids is None else ids
 
+    def scope_of(self, req) -> tuple[Optional[str], bool]:
+        """The request's (scope, share) for ``LookaheadCache.put_prompt``.
+
+        A salted request's scope is ``"cache_salt:" + salt``, one with only
+        an extra_key ``"extra_key:" + key``: a salt and an extra_key that
+        happen to be equal strings stay apart, as in SGLang's radix cache."""
+        if self.isolation == "request":
+            return None, False
+        if self.isolation == "salt":
+            salt = getattr(req, "cache_salt", None)
+            if salt:
+                return f"cache_salt:{salt}", True
+            key = getattr(req, "extra_key", None)
+            if key:
+                return f"extra_key:{key}", True
+        return None, True
+
     def start(self, reqs: Iterable) -> None:
         """Index the prompts of requests seen for the first time."""
         for req in reqs:
             if req.rid in self._live:
                 continue  # a later chunk of a chunked prefill, or a retracted request
+            scope, share = self.scope_of(req)
             try:
-                self.cache.put_prompt(req.rid, self.prompt_of(req))
+                self.cache.put_prompt(req.rid, self.prompt_of(req), scope=scope, share=share)
             except (ValueError, TypeError) as exc:
                 # Never fail the batch over drafting: this request just gets no drafts.
                 logger.warning("lookahead: not indexing request %s: %s", req.rid, exc)

@@ -59,6 +59,7 @@ import sglang.srt.server_args as _sgl_server_args
 from sglang.srt.arg_groups.arg_utils import A, Arg
 
 from lookahead.host import memory_short_of
+from lookahead.request_feed import DEFAULT_ISOLATION, ISOLATION_MODES
 
 logger = logging.getLogger(__name__)
 
@@ -166,9 +167,9 @@ class LookaheadServerArgs(_original_server_args_class()):
         Optional[int],
         Arg(
             help="LOOKAHEAD only. Memory budget, in MiB, of the trie's shared "
-            "history (the token stream of all requests plus its index); the "
-            "oldest tokens are evicted beyond it. Per-request stores of live "
-            "requests come on top. Unset: the cache's default "
+            "histories, all scopes together (token streams plus index); beyond "
+            "it the least recently used scope's oldest tokens are evicted. "
+            "Per-request stores of live requests come on top. Unset: the cache's default "
             "(LookaheadConfig.max_memory_bytes, 256 MiB).",
             type_parser=_positive_int,
         ),
@@ -177,12 +178,25 @@ class LookaheadServerArgs(_original_server_args_class()):
         Optional[str],
         Arg(
             help="LOOKAHEAD only. File (.npz) holding the trie's shared "
-            "history: loaded at start-up if it exists (so a restarted server "
+            "histories (every scope): loaded at start-up if it exists (so a restarted server "
             "keeps its drafts), written whenever the server drains (rate-"
             "limited) and at exit. Its directory must exist and be writable.",
             type_parser=_non_empty_path,
         ),
     ] = None
+    speculative_lookahead_isolation: A[
+        str,
+        Arg(
+            help="LOOKAHEAD only. Whose text a request's drafts may come "
+            "from; accepted drafts make a request decode faster, which "
+            "another user can time. salt (default): only requests with the "
+            "same cache_salt, else the same extra_key (the keys that isolate "
+            "SGLang's prefix cache), else the requests with neither; none: "
+            "all requests share one history; request: none, each request "
+            "drafts from its own prompt and output only.",
+            choices=list(ISOLATION_MODES),
+        ),
+    ] = DEFAULT_ISOLATION
 
     def resolve_once(self) -> None:
         """Resolve as ``ServerArgs`` does, then warn about LOOKAHEAD options
@@ -200,6 +214,7 @@ _FIELD_TO_ATTR = {
     "speculative_lookahead_max_match_len": "max_match_len",
     "speculative_lookahead_memory_mb": "memory_mb",
     "speculative_lookahead_path": "path",
+    "speculative_lookahead_isolation": "isolation",
 }
 LOOKAHEAD_FIELDS = tuple(_FIELD_TO_ATTR)
 
@@ -238,6 +253,7 @@ class LookaheadArgs:
     max_match_len: Optional[int] = None
     memory_mb: Optional[int] = None
     path: Optional[str] = None
+    isolation: str = DEFAULT_ISOLATION
 
     def __post_init__(self):
         def is_int(value):
@@ -275,6 +291,11 @@ class LookaheadArgs:
         ):
             raise ValueError(
                 f"--speculative-lookahead-path must be a non-empty path, got {self.path!r}"
+            )
+        if self.isolation not in ISOLATION_MODES:
+            raise ValueError(
+                "--speculative-lookahead-isolation must be one of "
+                f"{', '.join(ISOLATION_MODES)}, got {self.isolation!r}"
             )
 
     @property
@@ -511,7 +532,7 @@ def handle_lookahead_server_args(server_args: Any) -> None:
 
     logger.info(
         "LOOKAHEAD: num_draft_tokens=%d (%d draft token%s), %s, max_batch_size=%d, "
-        "max_match_len=%s, memory_mb=%s, path=%s",
+        "max_match_len=%s, memory_mb=%s, path=%s, isolation=%s",
         n,
         n - 1,
         "" if n == 2 else "s",
@@ -520,6 +541,7 @@ def handle_lookahead_server_args(server_args: Any) -> None:
         args.max_match_len if args.max_match_len is not None else "default",
         args.memory_mb if args.memory_mb is not None else "default",
         sa.speculative_lookahead_path,
+        args.isolation,
     )
 
 

@@ -45,6 +45,7 @@ ALL_FLAGS = (
     "--speculative-lookahead-max-match-len",
     "--speculative-lookahead-memory-mb",
     "--speculative-lookahead-path",
+    "--speculative-lookahead-isolation",
 )
 
 
@@ -234,6 +235,7 @@ def test_cli_parses_the_options(plugin, model_dir, tmp_path):
             "--speculative-lookahead-max-match-len", "16",
             "--speculative-lookahead-memory-mb", "64",
             "--speculative-lookahead-path", str(tmp_path / "trie.npz"),
+            "--speculative-lookahead-isolation", "request",
         ]
     )  # fmt: skip
     assert isinstance(args, LookaheadServerArgs)
@@ -243,8 +245,9 @@ def test_cli_parses_the_options(plugin, model_dir, tmp_path):
     assert args.speculative_lookahead_max_match_len == 16
     assert args.speculative_lookahead_memory_mb == 64
     assert args.speculative_lookahead_path == str(tmp_path / "trie.npz")
+    assert args.speculative_lookahead_isolation == "request"
     la = get_lookahead_args(args)
-    assert (la.num_draft_tokens, la.draft_budget, la.one_branch) == (4, 3, True)
+    assert (la.num_draft_tokens, la.draft_budget, la.one_branch, la.isolation) == (4, 3, True, "request")
     assert la.cache_overrides() == {"max_match_len": 16, "max_memory_bytes": 64 << 20}
 
     defaults = prepare_server_args(["--model-path", model_dir])
@@ -253,6 +256,8 @@ def test_cli_parses_the_options(plugin, model_dir, tmp_path):
     assert defaults.speculative_lookahead_max_match_len is None
     assert defaults.speculative_lookahead_memory_mb is None
     assert defaults.speculative_lookahead_path is None
+    assert defaults.speculative_lookahead_isolation == "salt"
+    assert get_lookahead_args(defaults).isolation == "salt"
     assert get_lookahead_args(defaults).cache_overrides() == {}
 
 
@@ -264,6 +269,7 @@ def test_cli_parses_the_options(plugin, model_dir, tmp_path):
         ("--speculative-lookahead-max-match-len", "0", "must be >= 1, got 0"),
         ("--speculative-lookahead-memory-mb", "0", "must be >= 1, got 0"),
         ("--speculative-lookahead-path", " ", "must be a non-empty file path"),
+        ("--speculative-lookahead-isolation", "tenant", "invalid choice: 'tenant'"),
     ],
 )
 def test_cli_rejects_bad_values(plugin, model_dir, capsys, flag, value, message):
@@ -348,6 +354,7 @@ def test_allowed_edge_combinations(plugin, model_dir):
         ({"speculative_lookahead_memory_mb": 1 << 40}, f"--speculative-lookahead-memory-mb {1 << 40} is more than this machine's memory"),
         ({"speculative_one_branch": "yes"}, "--speculative-one-branch must be a bool"),
         ({"speculative_lookahead_path": ""}, "--speculative-lookahead-path must be a non-empty path"),
+        ({"speculative_lookahead_isolation": "tenant"}, "--speculative-lookahead-isolation must be one of salt, none, request, got 'tenant'"),
         ({"page_size": 16}, "only supported by the 'flashinfer' attention backend"),
         ({"attention_backend": "torch_native"}, "torch_native attention backend does not support"),
         ({"speculative_draft_model_path": "MODEL_DIR"}, "uses no draft model"),
@@ -410,6 +417,7 @@ def test_accessor_follows_record_pickle_and_published_bag(plugin, model_dir, tmp
             speculative_lookahead_max_batch_size=3,
             speculative_lookahead_memory_mb=32,
             speculative_lookahead_path=str(tmp_path / "t.npz"),
+            speculative_lookahead_isolation="none",
         )
     )
     expected = LookaheadArgs(
@@ -419,16 +427,24 @@ def test_accessor_follows_record_pickle_and_published_bag(plugin, model_dir, tmp
         max_match_len=None,
         memory_mb=32,
         path=str(tmp_path / "t.npz"),
+        isolation="none",
     )
     assert get_lookahead_args(record) == expected
     assert get_lookahead_args(pickle.loads(pickle.dumps(record))) == expected
+
+    from lookahead.request_feed import RequestFeed
 
     saved = snapshot_context()
     try:
         publish(record, role="scheduler")
         assert get_lookahead_args() == expected  # from get_spec()
+        # A worker that does not pass the isolation mode gets the server's.
+        assert RequestFeed(None).isolation == "none"
+        assert RequestFeed(None, isolation="request").isolation == "request"
     finally:
         restore_context(saved)
+    with pytest.raises(ValueError, match="isolation must be one of salt, none, request, got 'tenant'"):
+        RequestFeed(None, isolation="tenant")
 
     assert expected.draft_budget == 5
     assert [expected.speculates(bs) for bs in (0, 1, 3, 4)] == [False, True, True, False]
@@ -582,7 +598,7 @@ def test_spawned_child_and_engine_keywords(fresh_processes):
     assert rc == 0, out[-3000:]
     assert (
         "CHILD_ARGS LookaheadArgs(num_draft_tokens=5, one_branch=True, "
-        "max_batch_size=2, max_match_len=12, memory_mb=None, path=None)"
+        "max_batch_size=2, max_match_len=12, memory_mb=None, path=None, isolation='salt')"
     ) in out
     assert "PLUGIN_LOADED True HEAVY []" in out, out[-3000:]
     assert "ENGINE_ERROR --speculative-lookahead-path: directory" in out, out[-3000:]

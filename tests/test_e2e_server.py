@@ -2,9 +2,11 @@
 
 One server (tiny model, metrics on) serves every test here: an abort in the
 middle of a generation must leave it serving others, ``/metrics`` must carry
-LOOKAHEAD's metrics and they must move, and ``python -m sglang.bench_serving``
+LOOKAHEAD's metrics and they must move, ``python -m sglang.bench_serving``
 must run against it on a local ShareGPT-format file and report an accept
-length.
+length, and ``/generate`` and the OpenAI completions endpoint must carry
+the ``cache_salt`` / ``extra_key`` that scope a request's drafts (checked in
+the drafts the server logs, ``LOOKAHEAD_DRAFT_LOG``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import urllib.request
 
 import pytest
 
+from draft_paths import drafts_with_own_streams, unexplained_paths
+from lookahead.cache import DRAFT_LOG_ENV
 from lookahead.testing.cpu_env import cpu_server_args
 from lookahead.testing.server import SGLangServer
 
@@ -49,7 +53,8 @@ def server(tiny_model, cpu_subprocess_env, tmp_path_factory):
         "--speculative-algorithm", "LOOKAHEAD", "--speculative-num-draft-tokens", "8",
         "--enable-metrics", "--log-level", "info",
     ]
-    srv = SGLangServer(tiny_model, args, cpu_subprocess_env, log)
+    env = {**cpu_subprocess_env, DRAFT_LOG_ENV: str(log.with_name("drafts.jsonl"))}
+    srv = SGLangServer(tiny_model, args, env, log)
     srv.start(timeout=600)
     yield srv
     srv.stop()
@@ -147,3 +152,40 @@ def test_bench_serving_reports_accept_length(server, tiny_model, cpu_subprocess_
     assert record["completed"] == 8
     assert record["accept_length"] and record["accept_length"] > 1.0, record.get("accept_length")
     assert re.search(r"Accept length:\s+[0-9.]+", proc.stdout)
+
+
+def _drafts_logged(server) -> list:
+    return [json.loads(line) for line in server.log_path.with_name("drafts.jsonl").read_text().splitlines()]
+
+
+def test_both_apis_carry_the_keys_that_scope_drafts(server, tiny_model):
+    """A text generated through /generate with an ``extra_key``, then asked
+    to be continued (its prompt and first 40 tokens) through
+    /v1/completions: under another request's ``cache_salt`` no draft comes
+    from it, under the same ``extra_key`` drafts do; and /generate carries a
+    ``cache_salt`` too."""
+    prompt = [55, 325, 279, 294, 971, 979, 262, 1023, 76, 388, 300, 89, 1105]
+    sampling = {"temperature": 0.0, "max_new_tokens": 96, "ignore_eos": True}
+    first = _post(server.url + "/generate", {"input_ids": prompt, "sampling_params": sampling,
+                                             "extra_key": "team-x", "rid": "iso-first"})["output_ids"]
+    lead = prompt + first[:40]
+    for rid, keys in (("iso-salted", {"cache_salt": "iso-other"}), ("iso-team", {"extra_key": "team-x"})):
+        body = {"model": tiny_model, "prompt": lead, "max_tokens": 40, "temperature": 0.0, "ignore_eos": True,
+                "rid": rid, **keys}
+        text = _post(server.url + "/v1/completions", body)["choices"][0]["text"]
+        assert text
+    _post(server.url + "/generate", {"input_ids": lead, "sampling_params": {**sampling, "max_new_tokens": 16},
+                                     "cache_salt": "iso-third", "rid": "iso-third"})
+    records = _drafts_logged(server)
+    scopes = {r["rid"]: r["scope"] for r in records if r["rid"].startswith("iso-")}
+    assert scopes == {"iso-first": "extra_key:team-x", "iso-salted": "cache_salt:iso-other",
+                      "iso-team": "extra_key:team-x", "iso-third": "cache_salt:iso-third"}
+    first_stream = prompt + first
+    for rid, may_see in (("iso-salted", []), ("iso-team", [first_stream]), ("iso-third", [])):
+        drafts = drafts_with_own_streams(records, rid, lead)
+        assert drafts, rid
+        from_first = 0
+        for rec, own in drafts:
+            assert not unexplained_paths((rec["tokens"], rec["parents"]), rec["context"], [own] + may_see), rec
+            from_first += bool(unexplained_paths((rec["tokens"], rec["parents"]), rec["context"], [own]))
+        assert (from_first > 0) == bool(may_see), (rid, from_first)

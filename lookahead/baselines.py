@@ -22,7 +22,8 @@ import numpy as np
 
 class ReplayDrafter(Protocol):
     """The request lifecycle the replay drives; drafts are (tokens, parents)
-    with ``parents[i] == -1`` for children of the context's last token."""
+    with ``parents[i] == -1`` for children of the context's last token.
+    (``LookaheadDrafter.start`` also takes the request's ``scope``.)"""
 
     name: str
 
@@ -36,15 +37,19 @@ class ReplayDrafter(Protocol):
 
 
 class LookaheadDrafter:
-    def __init__(self, one_branch: bool = False, **config):
+    """``share=False``: requests share no history (each drafts from its own
+    prompt and output only)."""
+
+    def __init__(self, one_branch: bool = False, share: bool = True, **config):
         from lookahead.cache import LookaheadCache
 
         self.name = "lookahead-1b" if one_branch else "lookahead"
         self.one_branch = one_branch
+        self.share = share
         self.cache = LookaheadCache(**config)
 
-    def start(self, rid, prompt):
-        self.cache.put_prompt(rid, prompt)
+    def start(self, rid, prompt, scope=None):
+        self.cache.put_prompt(rid, prompt, scope=scope, share=self.share)
         # A server drafts only after the prompt's prefill, which takes far
         # longer than indexing it; wait here so replays are deterministic.
         self.cache.synchronize()

@@ -12,6 +12,13 @@ acceptance length, as in the issues).  Also reported: drafted tokens per step
 and the drafter's cost (draft + feeding) in microseconds per step.
 
     python -m lookahead.replay --trace ../shared/traces/synth_rag.jsonl.gz --budget 4 8 16
+
+What tenant isolation costs on a trace: ``--scope-by FIELD`` replays
+LOOKAHEAD with each request in the scope its trace line names (e.g. a
+``"tenant"`` field), as a server with ``--speculative-lookahead-isolation
+salt`` would; ``--tenants 1 8 64`` splits the requests round-robin into that
+many scopes; ``--no-sharing`` is ``--speculative-lookahead-isolation
+request``.  The anchors have no isolation and run once, unsplit.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ class ReplayResult:
     steps: int
     drafted_tokens: int
     drafter_seconds: float
+    split: str = ""  # how the requests were scoped ("": one shared history)
 
     @property
     def acceptance_length(self) -> float:
@@ -75,6 +83,22 @@ def load_trace(path: str, limit: int | None = None) -> list[tuple[np.ndarray, np
     return pairs
 
 
+def load_scopes(path: str, field: str, limit: int | None = None) -> list:
+    """Each trace line's scope: its ``field`` as a string (the default scope,
+    None, where the line has no such field or it is null)."""
+    opener = gzip.open if path.endswith(".gz") else open
+    out = []
+    with opener(path, "rt") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            if limit is not None and len(out) >= limit:
+                break
+            value = json.loads(line).get(field)
+            out.append(None if value is None else str(value))
+    return out
+
+
 def accepted_length(tokens: list, parents: list, truth: np.ndarray) -> int:
     """Length of the longest root path of the draft that matches ``truth``."""
     if not tokens:
@@ -96,7 +120,9 @@ def accepted_length(tokens: list, parents: list, truth: np.ndarray) -> int:
 
 
 def replay(drafter: baselines.ReplayDrafter, pairs: list, budget: int, trace_name: str = "",
-           progress: Callable[[int], None] | None = None) -> ReplayResult:
+           progress: Callable[[int], None] | None = None, scopes: list | None = None,
+           split: str = "") -> ReplayResult:
+    """``scopes``: request i's scope (``LookaheadDrafter`` only)."""
     steps = drafted = response_tokens = 0
     spent = 0.0
     clock = time.perf_counter
@@ -104,7 +130,10 @@ def replay(drafter: baselines.ReplayDrafter, pairs: list, budget: int, trace_nam
         plen, rlen = len(prompt), len(response)
         context = np.concatenate([prompt, response])  # drafters see views of its prefix
         t0 = clock()
-        drafter.start(rid, prompt)
+        if scopes is None:
+            drafter.start(rid, prompt)
+        else:
+            drafter.start(rid, prompt, scope=scopes[rid])
         spent += clock() - t0
         i = 0
         while i < rlen:
@@ -124,14 +153,15 @@ def replay(drafter: baselines.ReplayDrafter, pairs: list, budget: int, trace_nam
         response_tokens += rlen
         if progress is not None:
             progress(rid + 1)
-    return ReplayResult(trace_name, drafter.name, budget, len(pairs), response_tokens, steps, drafted, spent)
+    return ReplayResult(trace_name, drafter.name, budget, len(pairs), response_tokens, steps, drafted, spent, split)
 
 
-def make_drafter(name: str, budget: int) -> baselines.ReplayDrafter:
+def make_drafter(name: str, budget: int, share: bool = True) -> baselines.ReplayDrafter:
+    """``share=False``: LOOKAHEAD requests share no history."""
     if name == "lookahead":
-        return baselines.LookaheadDrafter(one_branch=False)
+        return baselines.LookaheadDrafter(one_branch=False, share=share)
     if name == "lookahead-1b":
-        return baselines.LookaheadDrafter(one_branch=True)
+        return baselines.LookaheadDrafter(one_branch=True, share=share)
     if name == "ngram":
         return baselines.NgramDrafter(budget)
     if name == "prompt-lookup":
@@ -179,8 +209,35 @@ def markdown_table(results: list[ReplayResult]) -> str:
                 ratio = f"{r.acceptance_length / ref.acceptance_length:.2f}x {ref.drafter}"
             elif best is not None and r is best:
                 ratio = "best anchor"
-            lines.append(f"| {trace} | {budget} | {r.drafter} | {r.acceptance_length:.2f} | {ratio} | "
+            label = f"{r.drafter} ({r.split})" if r.split else r.drafter
+            lines.append(f"| {trace} | {budget} | {label} | {r.acceptance_length:.2f} | {ratio} | "
                          f"{r.drafted_per_step:.2f} | {r.us_per_step:.1f} |")
+    return "\n".join(lines)
+
+
+def isolation_table(results: list[ReplayResult]) -> str:
+    """AL per way of scoping the requests, and its change from the first
+    (e.g. 1 tenant: one shared history), per trace, budget and drafter."""
+    splits = list(dict.fromkeys(r.split for r in results if r.split))
+    if not splits:
+        return ""
+    lines = ["| trace | budget | drafter | " + " | ".join(splits) + " |",
+             "|---|---|---|" + "---|" * len(splits)]
+    keys = sorted({(r.trace, r.budget, r.drafter) for r in results if r.split})
+    for trace, budget, drafter in keys:
+        by_split = {r.split: r.acceptance_length for r in results
+                    if (r.trace, r.budget, r.drafter) == (trace, budget, drafter) and r.split}
+        first = by_split.get(splits[0])
+        cells = []
+        for split in splits:
+            al = by_split.get(split)
+            if al is None:
+                cells.append("")
+            elif split == splits[0] or not first:
+                cells.append(f"{al:.3f}")
+            else:
+                cells.append(f"{al:.3f} ({100 * (al / first - 1):+.1f}%)")
+        lines.append(f"| {trace} | {budget} | {drafter} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -219,10 +276,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out-dir", default="replay_out", help="where the JSON and PNG go (default ./replay_out)")
     ap.add_argument("--no-plot", action="store_true", help="skip the PNG")
     ap.add_argument("--quiet", action="store_true", help="no progress lines")
+    ap.add_argument("--scope-by", metavar="FIELD",
+                    help="LOOKAHEAD with each request in the scope its trace line's FIELD names (e.g. tenant): "
+                         "what isolation by that key costs")
+    ap.add_argument("--tenants", type=int, nargs="+", metavar="N",
+                    help="LOOKAHEAD with the requests split round-robin into N scopes (one run per N)")
+    ap.add_argument("--no-sharing", action="store_true",
+                    help="LOOKAHEAD with no shared history (--speculative-lookahead-isolation request)")
     args = ap.parse_args(argv)
 
     if any(b < 0 for b in args.budget):
         ap.error("--budget values must be >= 0")
+    if args.tenants and any(n < 1 for n in args.tenants):
+        ap.error("--tenants values must be >= 1")
     names = [n.strip() for n in args.drafters.split(",") if n.strip()]
     unknown = [n for n in names if n not in ALL_DRAFTERS]
     if unknown:
@@ -231,23 +297,37 @@ def main(argv: list[str] | None = None) -> int:
     names = available_drafters(names, log=lambda msg: print(msg, flush=True))
 
     results: list[ReplayResult] = []
+    scoped = bool(args.scope_by or args.tenants or args.no_sharing)
     for trace_path in args.trace:
         trace = os.path.basename(trace_path).split(".")[0]
         pairs = load_trace(trace_path, args.limit)
+        # (label, each request's scope, whether requests share a history)
+        splits = [(f"{n} tenant{'s' if n > 1 else ''}", [f"tenant-{i % n}" for i in range(len(pairs))], True)
+                  for n in args.tenants or ()]
+        if args.scope_by:
+            splits.append((f"by {args.scope_by}", load_scopes(trace_path, args.scope_by, args.limit), True))
+        if args.no_sharing:
+            splits.append(("no sharing", None, False))
         for budget in args.budget:
             for name in names:
-                drafter = make_drafter(name, budget)
-                every = max(1, len(pairs) // 10)
-                res = replay(drafter, pairs, budget, trace,
-                             progress=lambda k: k % every == 0 and log(f"  {trace} b={budget} {name}: {k}/{len(pairs)}"))
-                close = getattr(getattr(drafter, "cache", None), "close", None)
-                if close:
-                    close()
-                log(f"{trace} budget={budget} {name}: AL {res.acceptance_length:.3f} ({res.us_per_step:.1f} µs/step)")
-                results.append(res)
+                lookahead = name.startswith("lookahead")
+                for split, scopes, share in (splits if scoped and lookahead else [("", None, True)]):
+                    drafter = make_drafter(name, budget, share)
+                    every = max(1, len(pairs) // 10)
+                    res = replay(drafter, pairs, budget, trace, scopes=scopes, split=split,
+                                 progress=lambda k: k % every == 0 and log(f"  {trace} b={budget} {name}: {k}/{len(pairs)}"))
+                    close = getattr(getattr(drafter, "cache", None), "close", None)
+                    if close:
+                        close()
+                    label = f"{name} ({split})" if split else name
+                    log(f"{trace} budget={budget} {label}: AL {res.acceptance_length:.3f} ({res.us_per_step:.1f} µs/step)")
+                    results.append(res)
 
     table = markdown_table(results)
     print(table)
+    if scoped:
+        print("\nWhat isolation costs (AL, and its change from the first column):\n")
+        print(isolation_table(results))
     os.makedirs(args.out_dir, exist_ok=True)
     json_path = os.path.join(args.out_dir, "replay.json")
     with open(json_path, "w") as f:

@@ -660,3 +660,42 @@ def test_replicas_saving_to_one_path_never_clobber_each_other(tmp_path):
     loaded.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["trie.npz"]
     assert loads > 0
+
+
+# ---------------------------------------------------------------------------
+# Replay: what isolation costs on a trace
+# ---------------------------------------------------------------------------
+
+
+def test_replay_measures_isolation_by_a_trace_field(tmp_path):
+    """Each request answers by quoting the previous request's answer, and
+    the requests alternate between two tenants: drafting it from the
+    previous answer needs the other tenant's history.  ``--scope-by tenant``
+    costs what ``--tenants 2`` does (the same split), ``--no-sharing`` more,
+    ``--tenants 1`` nothing; a line without the field is in the default scope."""
+    rng = random.Random(4)
+    lines, answer = [], [rng.randrange(3000) for _ in range(60)]
+    for i in range(24):
+        line = {"prompt": [rng.randrange(3000) for _ in range(20)], "response": answer}
+        if i != 23:
+            line["tenant"] = f"tenant-{i % 2}"  # the last one has none: the default scope
+        lines.append(line)
+        answer = answer[10:] + [rng.randrange(3000) for _ in range(10)]
+    trace = tmp_path / "tenants.jsonl"
+    trace.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    from lookahead.replay import load_scopes, main
+
+    assert load_scopes(str(trace), "tenant") == [f"tenant-{i % 2}" for i in range(23)] + [None]
+    out = tmp_path / "out"
+    assert main(["--trace", str(trace), "--budget", "8", "--drafters", "lookahead", "--scope-by", "tenant",
+                 "--tenants", "1", "2", "--no-sharing", "--no-plot", "--quiet", "--out-dir", str(out)]) == 0
+    al = {r["split"]: r["acceptance_length"] for r in json.loads((out / "replay.json").read_text())}
+    assert set(al) == {"1 tenant", "2 tenants", "by tenant", "no sharing"}
+    assert al["no sharing"] < al["by tenant"] < al["1 tenant"]
+    # One tenant is one shared history: exactly the unscoped replay.
+    assert main(["--trace", str(trace), "--budget", "8", "--drafters", "lookahead", "--no-plot", "--quiet",
+                 "--out-dir", str(out)]) == 0
+    (shared,) = json.loads((out / "replay.json").read_text())
+    assert shared["split"] == "" and shared["acceptance_length"] == al["1 tenant"]
+    # The last request (no tenant) alone differs from the round-robin split.
+    assert abs(al["by tenant"] - al["2 tenants"]) < 0.05 * al["2 tenants"]

@@ -202,7 +202,11 @@ class LookaheadCache:
         )
         self._max_id = MAX_TOKEN_ID if config.vocab_size is None else config.vocab_size - 1
         self._budget = ScopeBudget(config.max_memory_bytes, config.shared_capacity, len(config.orders))
-        self._scopes = self._budget.scopes  # key -> Scope, read without the lock by drafts
+        self._scopes = self._budget.scopes  # key -> Scope
+        # key -> its history's store, for drafts (read without the lock: a
+        # dict lookup per request and step; a dropped store lives on while
+        # a draft holds it).  Kept in step with the budget's scopes.
+        self._histories: dict[Any, TokenStore] = {}
         self._requests: dict[Hashable, _Request] = {}
         self._lock = threading.Lock()
         self._inserter = Inserter(config.background)
@@ -284,25 +288,27 @@ class LookaheadCache:
             # thread applies them in the order they were decided.
             for step in steps:
                 self._apply(step)
-            if scope.store is None:  # an empty history (too big a share for any room is none)
-                scope.store = self._new_history()
-            self._inserter.share(scope.store, req.store, start, end, context)
+            self._inserter.share(self._store_of(scope), req.store, start, end, context)
 
-    def _new_history(self) -> TokenStore:
-        return TokenStore(0, True, self.config.orders, self._budget.key_bits)
+    def _store_of(self, scope) -> TokenStore:
+        # The scope's history store, made (empty: resizes give it room) on first use.
+        if scope.store is None:
+            scope.store = self._histories[scope.key] = TokenStore(0, True, self.config.orders,
+                                                                  self._budget.key_bits)
+        return scope.store
 
     def _apply(self, step, now: bool = False) -> None:
         """Carry out a ``ScopeBudget`` decision on the native stores: queued
         (in order with the shares), or at once while loading (``now``)."""
         if type(step) is Drop:
-            step.scope.store = None  # freed once queued inserts let go of it
+            # Freed once queued inserts (and drafts) let go of it.
+            del self._histories[step.scope.key]
+            step.scope.store = None
             return
-        if step.scope.store is None:
-            step.scope.store = self._new_history()
         if now:
-            step.scope.store.resize(step.capacity)
+            self._store_of(step.scope).resize(step.capacity)
         else:
-            self._inserter.resize(step.scope.store, step.capacity)
+            self._inserter.resize(self._store_of(step.scope), step.capacity)
 
     def synchronize(self) -> None:
         """Wait until every insert submitted so far is visible to drafts."""
@@ -319,12 +325,6 @@ class LookaheadCache:
                 self._drafters.append(drafter)
             return drafter
 
-    def _history(self, req: _Request) -> Optional[TokenStore]:
-        # The request's scope's history, if it has one (read without the
-        # lock: a dict lookup, and a dropped history stays alive while used).
-        scope = self._scopes.get(req.scope)
-        return None if scope is None else scope.store
-
     def draft(self, rid: Hashable, context: Any, budget: int, one_branch: bool = False) -> Draft:
         """Draft at most ``budget`` tokens after ``context`` (prompt + output so far).
 
@@ -335,7 +335,7 @@ class LookaheadCache:
         req = self._requests.get(rid)
         if req is None:
             raise ValueError(f"unknown request {rid!r}: call put_prompt() first")
-        return self._drafter().draft_context(req.store, self._history(req), context, budget,
+        return self._drafter().draft_context(req.store, self._histories.get(req.scope), context, budget,
                                              one_branch, self._draft_config, self._max_id)
 
     def batch_draft(self, rids: Sequence[Hashable], contexts: Sequence[Any], budget: int,
@@ -345,12 +345,13 @@ class LookaheadCache:
         if len(rids) != len(contexts):
             raise ValueError(f"batch_draft got {len(rids)} rids but {len(contexts)} contexts")
         stores, histories = [], []
+        requests, history_of = self._requests, self._histories.get
         for rid in rids:
-            req = self._requests.get(rid)
+            req = requests.get(rid)
             if req is None:
                 raise ValueError(f"unknown request {rid!r}: call put_prompt() first")
             stores.append(req.store)
-            histories.append(self._history(req))
+            histories.append(history_of(req.scope))
         return self._drafter().draft_batch(stores, histories, list(contexts), budget, one_branch,
                                            self._draft_config, self._max_id)
 
@@ -490,7 +491,7 @@ class LookaheadCache:
                 scope, steps = cache._budget.share(key, int(tokens.size))
                 for step in steps:
                     cache._apply(step, now=True)
-                scope.store.append_indexed(tokens)
+                cache._store_of(scope).append_indexed(tokens)
         except BaseException:
             cache.close()
             raise

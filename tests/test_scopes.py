@@ -87,7 +87,10 @@ def guess(cache, rid, scope=None, share=True) -> tuple[int, int]:
 
 
 def native_bytes(cache) -> int:
+    """What the histories' native stores hold (checking that the drafts'
+    view of them is the budget's)."""
     cache.synchronize()
+    assert {k: s.store for k, s in cache._scopes.items()} == cache._histories
     return sum(s.store.nbytes for s in cache._scopes.values())
 
 

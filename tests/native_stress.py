@@ -4,16 +4,20 @@ Run by ``test_sanitizers.py`` against a sanitizer build of the extension
 (ThreadSanitizer, AddressSanitizer): the sanitizers judge the native code, so
 this script only has to reach it all while the background inserter works —
 prompt indexing in chunks (32k-token prompts among them), output shares into
-a small shared ring that wraps and evicts, local stores that grow and rehash,
-drafts of both shapes, batch drafts, ``stats()``, a ``finish()`` racing a
-draft of the same request, and requests aborted while their prompt is still
-being indexed.  It exits non-zero if the cache misbehaves.
+scopes' histories that grow, shrink, are dropped and wrap, within a small
+budget, and are saved in the background meanwhile, a small history whose map
+of heads fills and is purged while it is drafted, local stores that grow and
+rehash, drafts of both shapes, batch drafts, ``stats()``, a ``finish()``
+racing a draft of the same request, and requests aborted while their prompt
+is still being indexed.  It exits non-zero if the cache misbehaves.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import sys
+import tempfile
 import threading
 
 import numpy as np
@@ -25,7 +29,8 @@ VOCAB = 24
 
 
 def main(requests_per_worker: int = 12, workers: int = 3) -> int:
-    cache = LookaheadCache(max_memory_bytes=1 << 16, flush_tokens=16)
+    cache = LookaheadCache(max_memory_bytes=1 << 17, flush_tokens=16)  # room for five small histories
+    scopes = [None, "a", "b", "c", "d", "e"]
     errors: list = []
     live: dict = {}
     live_lock = threading.Lock()
@@ -38,7 +43,7 @@ def main(requests_per_worker: int = 12, workers: int = 3) -> int:
                 rid = (w, i)
                 size = 32_768 if i % 6 == 0 else rng.randint(0, 600)
                 prompt = np.asarray([rng.randrange(VOCAB) for _ in range(size)], np.int32)
-                cache.put_prompt(rid, prompt)
+                cache.put_prompt(rid, prompt, scope=rng.choice(scopes), share=i % 5 != 4)
                 stream = list(prompt)
                 with live_lock:
                     live[rid] = stream
@@ -82,15 +87,50 @@ def main(requests_per_worker: int = 12, workers: int = 3) -> int:
         except Exception as exc:
             errors.append(exc)
 
+    def saver(path: str) -> None:
+        # Snapshots read the histories while shares and resizes change them.
+        try:
+            while not done.is_set():
+                cache.save(path, background=True).result()
+        except Exception as exc:
+            errors.append(exc)
+
+    def small_history() -> None:
+        # A history kept at 256 tokens wraps: its map of heads fills with
+        # evicted keys and is purged, under the lock, while it is drafted.
+        rng = random.Random(7)
+        store = lookahead._trie.TokenStore(0, True, (1, 2, 4, 8), 14)
+        store.resize(256)
+        drafter = lookahead._trie.Drafter(tuple)
+        config = cache._draft_config
+        stop = threading.Event()
+
+        def reader() -> None:
+            while not stop.is_set():
+                drafter.draft_context(None, store, [rng.randrange(400) for _ in range(8)], 6, False, config, 2**31 - 1)
+
+        t = threading.Thread(target=reader)
+        t.start()
+        try:
+            for _ in range(300):
+                store.append_indexed(np.asarray([-1] + [rng.randrange(400) for _ in range(60)], np.int32))
+        except Exception as exc:
+            errors.append(exc)
+        finally:
+            stop.set()
+            t.join()
+
     threads = [threading.Thread(target=worker, args=(w,)) for w in range(workers)]
-    race = threading.Thread(target=racer)
-    race.start()
-    for t in threads:
+    tmp = tempfile.mkdtemp()
+    extra = [threading.Thread(target=racer), threading.Thread(target=saver, args=(os.path.join(tmp, "t.npz"),)),
+             threading.Thread(target=small_history)]
+    for t in extra + threads:
         t.start()
     for t in threads:
         t.join()
     done.set()
-    race.join()
+    for t in extra:
+        t.join()
     cache.synchronize()
     stats = cache.stats()
     cache.close()

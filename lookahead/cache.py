@@ -523,6 +523,8 @@ class LookaheadCache:
         """Finish pending saves and inserts, and stop the background thread."""
         self._saver.wait()
         self._inserter.close()
+        if "draft" in self.__dict__:  # the draft log's file
+            self._log.close()
 
 
 def _split_scopes(meta: dict, tokens: np.ndarray, lengths: np.ndarray) -> tuple[list, list]:
@@ -597,6 +599,10 @@ class _DraftLog:
         self._file = open(path, "a", buffering=1)
         self._lock = threading.Lock()
 
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
     def record(self, cache: LookaheadCache, rid, context, draft: Draft) -> None:
         req = cache._requests.get(rid)
         if req is None:
@@ -612,4 +618,5 @@ class _DraftLog:
             "parents": list(draft.parents),
         })
         with self._lock:
-            self._file.write(line + "\n")
+            if not self._file.closed:
+                self._file.write(line + "\n")

@@ -68,35 +68,30 @@ class ReplayResult:
                 "drafted_per_step": self.drafted_per_step, "us_per_step": self.us_per_step}
 
 
-def load_trace(path: str, limit: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Read (prompt, response) pairs as int32 arrays."""
+def _trace_lines(path: str, limit: int | None):
+    # The trace's records (JSON lines, optionally gzipped), the first ``limit``.
     opener = gzip.open if path.endswith(".gz") else open
-    pairs = []
+    count = 0
     with opener(path, "rt") as f:
         for line in f:
             if not line.strip():
                 continue
-            if limit is not None and len(pairs) >= limit:
-                break
-            rec = json.loads(line)
-            pairs.append((np.asarray(rec["prompt"], dtype=np.int32), np.asarray(rec["response"], dtype=np.int32)))
-    return pairs
+            if limit is not None and count >= limit:
+                return
+            count += 1
+            yield json.loads(line)
+
+
+def load_trace(path: str, limit: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Read (prompt, response) pairs as int32 arrays."""
+    return [(np.asarray(rec["prompt"], dtype=np.int32), np.asarray(rec["response"], dtype=np.int32))
+            for rec in _trace_lines(path, limit)]
 
 
 def load_scopes(path: str, field: str, limit: int | None = None) -> list:
     """Each trace line's scope: its ``field`` as a string (the default scope,
     None, where the line has no such field or it is null)."""
-    opener = gzip.open if path.endswith(".gz") else open
-    out = []
-    with opener(path, "rt") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            if limit is not None and len(out) >= limit:
-                break
-            value = json.loads(line).get(field)
-            out.append(None if value is None else str(value))
-    return out
+    return [None if rec.get(field) is None else str(rec[field]) for rec in _trace_lines(path, limit)]
 
 
 def accepted_length(tokens: list, parents: list, truth: np.ndarray) -> int:

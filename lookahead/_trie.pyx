@@ -462,7 +462,8 @@ cdef class TokenStore:
     :meth:`resize` (or an :class:`Inserter` resize job) gives it room, and
     chained as a full ring of ``2 ** (key_bits + 1)`` tokens is at any size
     (see resize_store in ``_native.hpp``).  ``ring=False``: grows with the
-    stream and is freed as a whole (one request's prompt and output).  Tokens are appended raw and
+    stream and is freed as a whole (one request's prompt and output).
+    Tokens are appended raw and
     indexed afterwards, possibly by the inserter thread, so ``appended``
     (tokens stored, readable as continuations) can run ahead of ``indexed``
     (positions that can be found by a match).  The data lives in a native

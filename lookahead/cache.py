@@ -26,7 +26,7 @@ import numpy as np
 
 from lookahead._trie import DraftConfig, Drafter, Inserter, TokenStore, read_tokens
 from lookahead.host import memory_short_of
-from lookahead.scopes import Drop, Resize, ScopeBudget, check_scope
+from lookahead.scopes import Drop, ScopeBudget, check_scope
 from lookahead.tokens import MAX_TOKEN_ID, check_budget
 
 logger = logging.getLogger(__name__)

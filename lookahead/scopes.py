@@ -93,6 +93,8 @@ class ScopeBudget:
         self.max_bytes = max_bytes
         self.full_capacity = full_capacity
         self.key_bits = full_capacity.bit_length() - 2  # 2**key_bits slots: half as many as tokens
+        if self.key_bits > 32:  # chain heads and links are 32-bit
+            raise ValueError(f"a history of {full_capacity:,} tokens is more than the 2**33 supported")
         self.norders = norders
         if self.bytes_for(full_capacity) > max_bytes:
             raise ValueError(f"a full history ({self.bytes_for(full_capacity):,} bytes) exceeds "

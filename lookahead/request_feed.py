@@ -29,14 +29,12 @@ from typing import Any, Hashable, Iterable, Optional
 logger = logging.getLogger(__name__)
 
 # --speculative-lookahead-isolation: whose text a request's drafts may come from.
-ISOLATION_MODES = {
-    # The keys SGLang isolates its prefix cache by: the request's cache_salt,
-    # else its extra_key (which carries the LoRA adapter too), else the
-    # default scope.
-    "salt": "a request drafts from the requests with its cache_salt, else its extra_key, else from those with neither",
-    "none": "one shared history for all requests",
-    "request": "no shared history: a request drafts from its own prompt and output only",
-}
+ISOLATION_MODES = (
+    "salt",  # the requests with its cache_salt, else its extra_key (which carries the
+             # LoRA adapter too), else those with neither: the keys of SGLang's prefix cache
+    "none",  # every request: one shared history
+    "request",  # none: only its own prompt and output
+)
 DEFAULT_ISOLATION = "salt"
 
 

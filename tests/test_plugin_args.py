@@ -31,10 +31,13 @@ REPO = Path(__file__).resolve().parents[1]
 SGL_KERNEL_SHIM = REPO / "lookahead" / "testing" / "cpu_sgl_kernel"
 
 # Resolution imports sglang's memory pools, which import sgl_kernel at module
-# level; on a CPU-only machine only the repository's pure-torch stand-in exists.
+# level; on a CPU-only machine only the repository's pure-torch stand-in exists
+# (which another test module may have imported already: the subprocesses here
+# need it on their path all the same).
+_SPEC = importlib.util.find_spec("sgl_kernel")
 _EXTRA_PATH = (
     [str(SGL_KERNEL_SHIM)]
-    if importlib.util.find_spec("sgl_kernel") is None and SGL_KERNEL_SHIM.is_dir()
+    if (_SPEC is None or str(SGL_KERNEL_SHIM) in str(_SPEC.origin)) and SGL_KERNEL_SHIM.is_dir()
     else []
 )
 sys.path[:0] = [p for p in _EXTRA_PATH if p not in sys.path]

@@ -41,7 +41,9 @@ PROMPTS = [
     "SELECT name FROM users WHERE id = 1;\nSELECT name FROM",
     "class Point:\n    def __init__(self, x, y):\n        self.x = x\n",
 ]
-REGEX = r"([a-z]+ ){2,10}[a-z]+\."
+# Bounded so that an answer ends within its token budget (every token is at least a character).
+REGEX = r"([a-z]{1,8} ){2,8}[a-z]{1,8}\."
+SHORT_REGEX = r"([a-z]{1,5} ){1,4}[a-z]{1,5}\."
 JSON_SCHEMA = {
     "type": "object",
     "properties": {"name": {"type": "string", "maxLength": 16}, "count": {"type": "integer"},
@@ -103,7 +105,7 @@ def build_cases(probe: list) -> dict:
     early = probe[3]
     cases = {
         # structured output
-        "regex": [_gen(PROMPTS[0], regex=REGEX), _gen(PROMPTS[3], regex=REGEX)],
+        "regex": [_gen(PROMPTS[0], regex=REGEX, max_new_tokens=96), _gen(PROMPTS[3], regex=REGEX, max_new_tokens=96)],
         "json_schema": [_gen(PROMPTS[1], json_schema=json.dumps(JSON_SCHEMA), max_new_tokens=64)],
         "ebnf": [_gen(PROMPTS[6], ebnf=EBNF, max_new_tokens=32)],
         # stops and lengths: the stop token is written in the middle of a run
@@ -115,11 +117,13 @@ def build_cases(probe: list) -> dict:
         "n_2": [{"text": PROMPTS[4], "sampling_params": {**GREEDY, "n": 2, "ignore_eos": True}}],
         # penalties: every tree node must see its own path's counts
         "greedy": [_gen(p, ignore_eos=True) for p in PROMPTS[:3]],
-        "frequency_penalty": [_gen(p, frequency_penalty=0.6, ignore_eos=True) for p in PROMPTS[:3]],
-        "presence_penalty": [_gen(p, presence_penalty=0.8, ignore_eos=True) for p in PROMPTS[:3]],
-        "repetition_penalty": [_gen(p, repetition_penalty=1.4, ignore_eos=True) for p in PROMPTS[:3]],
-        "penalties_combined": [_gen(PROMPTS[1], frequency_penalty=0.3, presence_penalty=0.3,
-                                    repetition_penalty=1.2, min_new_tokens=8, stop_token_ids=[early])],
+        # (Values that keep penalised logits clear of ties: plain decoding
+        # itself breaks a near tie either way as batching changes its floats.)
+        "frequency_penalty": [_gen(p, frequency_penalty=0.61, ignore_eos=True) for p in PROMPTS[:3]],
+        "presence_penalty": [_gen(p, presence_penalty=0.83, ignore_eos=True) for p in PROMPTS[:3]],
+        "repetition_penalty": [_gen(p, repetition_penalty=1.37, ignore_eos=True) for p in PROMPTS[:3]],
+        "penalties_combined": [_gen(PROMPTS[1], frequency_penalty=0.29, presence_penalty=0.37,
+                                    repetition_penalty=1.17, min_new_tokens=8, stop_token_ids=[early])],
         # logprobs
         "logprobs_start_len": [{**_gen(PROMPTS[5], ignore_eos=True), "return_logprob": True,
                                 "logprob_start_len": 0, "top_logprobs_num": 2}],
@@ -152,9 +156,11 @@ def run_matrix(url: str, cases: dict, model: str) -> dict:
     """Send every case to the server at ``url``; returns case name -> answers."""
     results = {name: _generate_case(url, payloads) for name, payloads in cases.items()}
 
-    # A sampled grammar request (CPU sampling verification with the grammar mask).
-    sampled = post(url + "/generate", _gen(PROMPTS[0], regex=REGEX, temperature=0.9, top_p=0.95))
-    results["regex_sampled_valid"] = bool(re.fullmatch(REGEX, sampled["text"]))
+    # Sampled grammar requests (on CPU: LOOKAHEAD's sampling verification
+    # under the grammar mask). The regex is short enough to end within the budget.
+    sampled = [post(url + "/generate", _gen(p, regex=SHORT_REGEX, temperature=0.9, top_p=0.95, max_new_tokens=64))
+               for p in PROMPTS[:4]]
+    results["regex_sampled_valid"] = all(re.fullmatch(SHORT_REGEX, o["text"]) for o in sampled)
 
     # OpenAI endpoints: a JSON-schema response format, and logprobs.
     chat = post(url + "/v1/chat/completions", {
@@ -190,13 +196,13 @@ def run_matrix(url: str, cases: dict, model: str) -> dict:
     results["long_prompt"] = [_answer(first), _answer(again)]
     results["radix_cache_hit"] = again["meta_info"].get("cached_tokens", 0) > 0
 
-    # Streaming reassembles to the non-streaming answer.
+    # Streaming reassembles to the non-streaming answer (each chunk carries
+    # the answer so far; it grows by whole verify steps).
     chunks = stream(url + "/generate", _gen(PROMPTS[1], ignore_eos=True))
     whole = post(url + "/generate", _gen(PROMPTS[1], ignore_eos=True))
-    results["stream"] = {"text": "".join(c["text"] for c in chunks) if chunks and "text" in chunks[0] else None,
+    results["stream"] = {"chunks": len(chunks), "text": chunks[-1]["text"], "streamed_ids": chunks[-1]["output_ids"],
+                         "prefixes": all(whole["text"].startswith(c["text"]) for c in chunks),
                          "whole": whole["text"], "output_ids": whole["output_ids"]}
-    if chunks and chunks[-1].get("output_ids") is not None:
-        results["stream"]["streamed_ids"] = [t for c in chunks for t in c["output_ids"]]
 
     # Abort mid-stream; the server keeps serving, losslessly.
     results["abort"] = _abort_mid_stream(url)

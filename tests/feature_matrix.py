@@ -46,11 +46,11 @@ REGEX = r"([a-z]{1,8} ){2,8}[a-z]{1,8}\."
 SHORT_REGEX = r"([a-z]{1,5} ){1,4}[a-z]{1,5}\."
 JSON_SCHEMA = {
     "type": "object",
-    "properties": {"name": {"type": "string", "maxLength": 16}, "count": {"type": "integer"},
+    "properties": {"name": {"type": "string", "maxLength": 16}, "count": {"type": "integer", "minimum": 0, "maximum": 999},
                    "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 3}},
     "required": ["name", "count", "tags"],
 }
-EBNF = 'root ::= "SELECT " name " FROM " name ";"\nname ::= [a-z]+'
+EBNF = 'root ::= "SELECT " name " FROM " name ";"\nname ::= [a-z] [a-z]? [a-z]? [a-z]? [a-z]? [a-z]?'
 
 
 def post(url: str, payload: dict, timeout: float = 300) -> dict:
@@ -106,7 +106,7 @@ def build_cases(probe: list) -> dict:
     cases = {
         # structured output
         "regex": [_gen(PROMPTS[0], regex=REGEX, max_new_tokens=96), _gen(PROMPTS[3], regex=REGEX, max_new_tokens=96)],
-        "json_schema": [_gen(PROMPTS[1], json_schema=json.dumps(JSON_SCHEMA), max_new_tokens=64)],
+        "json_schema": [_gen(PROMPTS[1], json_schema=json.dumps(JSON_SCHEMA), max_new_tokens=128)],
         "ebnf": [_gen(PROMPTS[6], ebnf=EBNF, max_new_tokens=32)],
         # stops and lengths: the stop token is written in the middle of a run
         "stop_token_ids": [_gen(PROMPTS[0], stop_token_ids=[stop_token], max_new_tokens=48)],
@@ -165,7 +165,7 @@ def run_matrix(url: str, cases: dict, model: str) -> dict:
     # OpenAI endpoints: a JSON-schema response format, and logprobs.
     chat = post(url + "/v1/chat/completions", {
         "model": model, "messages": [{"role": "user", "content": "Describe a point as JSON."}],
-        "temperature": 0, "max_tokens": 64,
+        "temperature": 0, "max_tokens": 128,
         "response_format": {"type": "json_schema", "json_schema": {"name": "thing", "schema": JSON_SCHEMA}},
     })
     results["openai_response_format"] = chat["choices"][0]["message"]["content"]

@@ -209,32 +209,43 @@ class LookaheadWorker(NGRAMWorker):
         with the width and reason recorded in ``self._step``."""
         bs = len(batch.reqs)
         pending = self._pending_tokens(batch)
-        tails = []
-        for i, req in enumerate(batch.reqs):
-            tail = list(req.output_ids[-self.max_trie_depth:])
-            if pending is not None:
-                tail = (tail + pending[i])[-self.max_trie_depth:]
-            if len(tail) < self.max_trie_depth:
-                prompt = RequestFeed.prompt_of(req)
-                tail = list(prompt[-(self.max_trie_depth - len(tail)):]) + tail
-            tails.append(tail)
         drafts = None
         if self.plan.speculates(bs):
-            drafts = self._draft(batch, tails, pending)
+            contexts = [self._context(req, pending[i] if pending is not None else ()) for i, req in
+                        enumerate(batch.reqs)]
+            roots = [c[-1] for c in contexts]
+            drafts = self._draft(batch, contexts, pending)
             reason = "verify" if drafts is not None else "no_draft"
         else:
             # No drafting cost: outputs reach the trie when speculation
             # resumes, or when the request ends.
+            roots = [self._last_token(req, pending[i] if pending is not None else ()) for i, req in
+                     enumerate(batch.reqs)]
             reason = "fallback"
         drafts = drafts or [_NO_DRAFT] * bs
         width = self.plan.width(bs, max(len(d) for d in drafts))
-        trees = pack_drafts(drafts, [t[-1] for t in tails], width)
+        trees = pack_drafts(drafts, roots, width)
         self._step = (width, reason)
         self._penalty_uncounted = None
         if getattr(batch.sampling_info, sglang_hooks.PENALTY_SNAPSHOT_ATTR, None) is not None:
             self._penalty_uncounted = self._uncounted(batch, pending)
         self._trees = trees
         return trees.tokens, trees.mask
+
+    def _context(self, req, pending) -> list:
+        """The last ``max_match_len`` tokens of prompt + output + pending: what a draft reads."""
+        n = self.max_trie_depth
+        tail = list(req.output_ids[-n:]) + list(pending)
+        if len(tail) < n:
+            tail = list(RequestFeed.prompt_of(req)[-(n - len(tail)):]) + tail
+        return tail[-n:]
+
+    @staticmethod
+    def _last_token(req, pending) -> int:
+        """The root of the request's verify tree: its last committed token."""
+        if pending:
+            return pending[-1]
+        return req.output_ids[-1] if req.output_ids else RequestFeed.prompt_of(req)[-1]
 
     def _draft(self, batch: ScheduleBatch, contexts: list, pending) -> Optional[list]:
         """One draft per request of the batch, or None when all are empty."""

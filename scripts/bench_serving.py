@@ -215,6 +215,8 @@ def main(argv=None) -> int:
             flags += ["--enable-metrics"]
         log(f"starting {config} server")
         with SGLangServer(model, base_args + flags, env, out_dir / f"server_{config}.log") as server:
+            # Warm-up (first-call compilation, allocator growth), not recorded.
+            run_bench(server.url, model, dataset, 2, 4, 16, out_dir / f"warmup_{config}.jsonl", env)
             for c in args.concurrency:
                 n = max(8, args.prompts_per_concurrency * c)
                 t0 = time.time()

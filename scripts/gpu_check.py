@@ -62,6 +62,7 @@ def main(argv=None) -> int:
     failures, rows = [], []
 
     def run_bench(name, server):
+        bench.run_bench(server.url, model, dataset, 2, 4, 16, out / f"warmup_{name}.jsonl", env)
         for c in args.concurrency:
             n = max(8, args.prompts_per_concurrency * c)
             before = bench.lookahead_steps(server.url) if name.startswith("lookahead") else {}

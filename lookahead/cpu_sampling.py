@@ -83,22 +83,22 @@ def sample_tree(probs: torch.Tensor, candidates: torch.Tensor, retrieve_index: t
     return predict, accept_index, num_correct
 
 
-def tree_sampling_verify(verify_input, batch, logits_output, generator: torch.Generator | None = None):
+def tree_sampling_verify(verify_input, batch, logits_output, grammar_mask=None,
+                         generator: torch.Generator | None = None):
     """Drop-in for ``eagle_sample`` on CPU for batches that sample: returns
-    ``(predict, accept_lens, accept_index)`` with accept_lens counting the bonus."""
-    from sglang.srt.sampling.penaltylib.repetition_penalty import apply_scaling_penalties
+    ``(predict, accept_lens, accept_index)`` with accept_lens counting the bonus.
 
+    The logits arrive penalised (``lookahead.tree_penalties``); what is left
+    of ``eagle_sample``'s preparation is the logit bias and the grammar mask.
+    """
     info = batch.sampling_info
     width = verify_input.draft_token_num
     bs = len(batch.seq_lens)
     logits = logits_output.next_token_logits
-    # The same (relaxed) penalties eagle_sample applies before verifying.
-    if info.acc_additive_penalties is not None:
-        logits.add_(torch.repeat_interleave(info.acc_additive_penalties, width, dim=0))
-    if info.acc_scaling_penalties is not None:
-        apply_scaling_penalties(logits, torch.repeat_interleave(info.acc_scaling_penalties, width, dim=0))
     if info.logit_bias is not None:
         logits.add_(torch.repeat_interleave(info.logit_bias, width, dim=0))
+    if grammar_mask is not None:
+        grammar_mask.apply(logits)
 
     def per_node(t):
         return torch.repeat_interleave(t.view(-1), width, dim=0)

@@ -40,7 +40,7 @@ class LookaheadMetrics:
         )
         self.steps = Counter(
             "sglang:lookahead_steps",
-            "Decode steps by path (verify-graph, verify-eager, decode-graph, decode-eager) "
+            "Decode steps by path (verify-graph, verify-eager, single-graph, single-eager) "
             "and reason (verify, fallback: batch above the max batch size, no_draft).",
             names + ["path", "reason"],
         )

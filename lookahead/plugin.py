@@ -29,9 +29,9 @@ ALGORITHM_NAME = _args.ALGORITHM_NAME
 # interface, ServerArgs assembly, CUDA-graph runner); another release may differ.
 SUPPORTED_SGLANG_VERSION = "0.5.23"
 
-# The worker drafts on the host between forward passes and returns
-# NGRAM-style results, which the overlap scheduler's relay does not carry.
-SUPPORTS_OVERLAP = False
+# The worker's results are NGRAM's, which the overlap scheduler relays once
+# lookahead.sglang_hooks routes them as NGRAM's.
+SUPPORTS_OVERLAP = True
 
 
 class LookaheadSpecAlgo(CustomSpecAlgo):
@@ -84,7 +84,7 @@ class LookaheadSpecAlgo(CustomSpecAlgo):
 
     def supports_grammar_overlap(self) -> bool:
         # Drafting is host work with no GPU draft phase to hide grammar work
-        # under; like NGRAM it stays synchronous.
+        # under; like NGRAM, grammar batches run synchronously.
         return False
 
     # -- sizing ---------------------------------------------------------------
@@ -107,14 +107,18 @@ class LookaheadSpecAlgo(CustomSpecAlgo):
         needs_cpu_seq_lens: bool = True,
         needs_confidence_relay: bool = False,
     ):
-        # Same as the enum's: the scheduler always builds one (overlap or not).
+        # NGRAM's FutureMap: LOOKAHEAD relays NGRAM's accepted-token payload
+        # between overlapped steps, and FutureMap keys its buffers on
+        # is_ngram(). The worker sizes the GPU verify mask from seq_lens_cpu,
+        # as NGRAM does, so the CPU mirror is always published.
         from sglang.srt.managers.overlap_utils import FutureMap
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
         return FutureMap(
             device,
-            self,
+            SpeculativeAlgorithm.NGRAM,
             req_to_token_pool,
-            needs_cpu_seq_lens,
+            True,
             needs_confidence_relay,
         )
 
@@ -129,20 +133,6 @@ class LookaheadSpecAlgo(CustomSpecAlgo):
 
     def handle_server_args(self, server_args: "ServerArgs") -> None:
         _args.handle_lookahead_server_args(server_args)
-
-    def create_worker(self, server_args: "ServerArgs") -> Type:
-        # The base class also warns that supports_overlap=False is deprecated;
-        # LOOKAHEAD is synchronous by design and its handler turns overlap off,
-        # so only the check is kept.
-        from sglang.srt.arg_groups.overrides import resolving_view
-
-        if not self.supports_overlap and not resolving_view(server_args).disable_overlap_schedule:
-            raise ValueError(
-                f"Speculative algorithm {self.name} does not support overlap "
-                "scheduling; start without it (the LOOKAHEAD handler normally "
-                "turns it off)."
-            )
-        return self.factory(server_args)
 
 
 def _worker_factory(server_args: "ServerArgs") -> Type:

@@ -7,9 +7,11 @@ idle).  SGLang gives a speculative worker no single hook for all three, so
 this class derives them from what the worker does see:
 
 * prompts: the requests of every prefill batch;
-* output: ``req.output_ids`` grows by the committed tokens after each step
-  (the worker runs with overlap scheduling off, so it is complete when the
-  next step starts); only the new tail is read;
+* output: ``req.output_ids`` grows by the committed tokens after each step;
+  only the new tail is read. Under overlap scheduling the previous step's
+  tokens reach ``output_ids`` one step late: the worker passes them as
+  ``pending``, and since the feed counts what it gave, each token enters the
+  trie once, whichever of the two carried it;
 * ends: ``note_request_finished`` when SGLang calls it, and otherwise a
   sweep for finished requests at every step, plus ``finish_all`` when the
   scheduler clears the cache pool on going idle.
@@ -115,11 +117,15 @@ class RequestFeed:
                 continue
             self._live[req.rid] = _Live(req, 0)
 
-    def sync(self, reqs: Iterable) -> list:
+    def sync(self, reqs: Iterable, pending=None) -> list:
         """Give the trie each request's new output tokens; returns the requests
-        that can be drafted for (those known to the trie)."""
+        that can be drafted for (those known to the trie).
+
+        ``pending[i]``: tokens request ``i`` committed that are not in its
+        ``output_ids`` yet (overlap scheduling), or None.
+        """
         ready = []
-        for req in reqs:
+        for i, req in enumerate(reqs):
             live = self._live.get(req.rid)
             if live is None:
                 self.start((req,))
@@ -127,16 +133,28 @@ class RequestFeed:
                 if live is None:
                     continue
             out = req.output_ids
-            if len(out) > live.fed:
+            tail = pending[i] if pending is not None else ()
+            total = len(out) + len(tail)
+            if total > live.fed:
+                new = tail[live.fed - len(out):] if live.fed >= len(out) else list(out[live.fed:]) + list(tail)
                 try:
-                    self.cache.put_output(req.rid, out[live.fed:])
+                    self.cache.put_output(req.rid, new)
                 except (ValueError, TypeError) as exc:
                     logger.warning("lookahead: dropping output of request %s: %s", req.rid, exc)
-                live.fed = len(out)
-            elif len(out) < live.fed:  # output rewound (retraction): keep what was fed
-                live.fed = len(out)
+                live.fed = total
+            elif total < live.fed:  # output rewound (retraction): keep what was fed
+                live.fed = total
             ready.append(req)
         return ready
+
+    def erase_match_state(self, rids) -> None:
+        """NGRAMWorker's verify flow names the requests that left the decode
+        batch; those that have ended are finished now, the others keep their
+        state (a request may rejoin after a prefill batch)."""
+        for rid in rids:
+            live = self._live.get(rid)
+            if live is not None and live.req.finished():
+                self.finish(rid)
 
     def finish(self, rid: Hashable) -> None:
         """The request ended: give its last tokens, then free its state."""

@@ -446,12 +446,7 @@ def handle_lookahead_server_args(server_args: Any) -> None:
             "speculates and every step decodes one token."
         )
 
-    # The worker drafts on the host between forward passes and returns
-    # NGRAM-style results that the overlap relay does not carry; it is
-    # registered with supports_overlap=False, so overlap must be off.
-    if not sa.disable_overlap_schedule:
-        sa.disable_overlap_schedule = True
-        logger.info("Overlap schedule is disabled for LOOKAHEAD speculative decoding.")
+    disable_overlap_on_cpu(sa)
 
     # Same as NGRAM: the mixed prefill+decode step has no verified resume path.
     if sa.enable_mixed_chunk:
@@ -543,6 +538,16 @@ def handle_lookahead_server_args(server_args: Any) -> None:
         sa.speculative_lookahead_path,
         args.isolation,
     )
+
+
+def disable_overlap_on_cpu(sa: Any) -> None:
+    """SGLang's rule for its own speculative algorithms
+    (``_disable_overlap_schedule_for_cpu``): no overlap scheduling on CPU,
+    where torch streams are stubs. Elsewhere LOOKAHEAD overlaps as NGRAM does.
+    Tests of the overlap path replace this function."""
+    if sa.device == "cpu" and not sa.disable_overlap_schedule:
+        sa.disable_overlap_schedule = True
+        logger.warning("Overlap schedule is not implemented for speculative decoding on CPU.")
 
 
 def _warn_unused_options(server_args: Any) -> None:

@@ -1,85 +1,184 @@
-"""The two places where SGLang 0.5.23 needs to know LOOKAHEAD by name.
+"""The places where SGLang 0.5.23 must know LOOKAHEAD by name.
 
-SGLang's decode CUDA-graph runner captures TARGET_VERIFY graphs whenever a
-speculative algorithm is on, and it knows how to build the capture-time
-verify input only for its built-in algorithms.  Both hooks below are
-installed by the worker's constructor, which runs in the scheduler before
-any graph is captured, and only in schedulers that run LOOKAHEAD (so no
-other process pays for importing the runner module).  Each one is a no-op
-for every other algorithm.
+LOOKAHEAD runs NGRAM's verify flow, but SGLang keys that flow's scheduler,
+graph and overlap branches on ``is_ngram()``, which a plugin algorithm cannot
+answer True without also getting NGRAM's corpus manager. Each hook below adds
+LOOKAHEAD to one such branch and is a no-op for every other algorithm. They
+are registered by the worker's constructor, which runs in the scheduler
+before any graph is captured or any batch is scheduled, and only in
+schedulers that run LOOKAHEAD.
 
-* ``DecodeCudaGraphRunner.get_spec_info`` (AROUND): for LOOKAHEAD, the
-  capture-time input is an NGRAM-style verify tree over the runner's mask
-  buffer -- the same thing SGLang builds for NGRAM.  Without it the capture
-  runs with no spec input and the attention backend cannot plan a
-  TARGET_VERIFY forward.
-* ``DecodeCudaGraphRunner.can_run_graph`` (AROUND): a LOOKAHEAD batch may
-  replay a captured verify graph only when it *is* a verify batch of the
-  captured width.  SGLang checks this for NGRAM alone; LOOKAHEAD's plain
-  one-token steps (fallback, no draft) and narrower verify steps must run
-  eagerly instead of replaying a graph of another shape.
+Graphs:
+
+* ``DecodeCudaGraphRunner.get_spec_info`` and ``create_dummy_verify_input``
+  (AROUND): the shape-only verify input of graph capture and of the
+  flashinfer autotune warm-up, built as SGLang builds NGRAM's.
+* ``TpModelWorker.init_cuda_graphs`` (AROUND): on a GPU, the target's startup
+  capture becomes the width-1 tier (``lookahead.verify_tiers``): every batch
+  size of the server's list at one token per request, instead of the full
+  verify width at sizes that never speculate.
+
+Overlap scheduling:
+
+* ``Scheduler._relay_forward_payload`` (AROUND): LOOKAHEAD's results carry
+  NGRAM's accepted-token payload, so they are stashed as NGRAM's are.
+
+Sampling and penalties (``lookahead.tree_penalties``):
+
+* ``ScheduleBatch.cumulate_penalty_output_tokens`` (AROUND): the penalizers
+  count every committed token, not the last one of each step.
+* ``SamplingBatchInfo.copy_for_forward`` (AROUND): the forward's copy keeps
+  a snapshot of the committed penalty state, which it otherwise drops.
+* ``ngram_worker.eagle_sample`` (AROUND), for LOOKAHEAD's verify inputs only:
+  each tree node gets the penalties of its own path, and on CPU a sampling
+  batch is verified by rejection sampling (``lookahead.cpu_sampling``)
+  rather than greedily.
 """
 
 from __future__ import annotations
 
 import logging
 
+from lookahead.plugin import ALGORITHM_NAME
+from lookahead.verify_input import LookaheadVerifyInput, capture_verify_input
+
 logger = logging.getLogger(__name__)
 
 _RUNNER = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner"
 _installed = False
 
+# The forward copy of a batch's sampling info carries the snapshot under this name.
+PENALTY_SNAPSHOT_ATTR = "lookahead_penalties"
 
-def _is_lookahead(runner) -> bool:
-    algo = getattr(runner.model_runner, "spec_algorithm", None)
-    return getattr(algo, "name", None) == "LOOKAHEAD" and not runner.model_runner.is_draft_worker
+
+def _is_lookahead(algorithm) -> bool:
+    return getattr(algorithm, "name", None) == ALGORITHM_NAME
+
+
+def _is_lookahead_target(model_runner) -> bool:
+    return _is_lookahead(getattr(model_runner, "spec_algorithm", None)) and not model_runner.is_draft_worker
+
+
+# -- graphs ---------------------------------------------------------------------
 
 
 def _capture_spec_info(original, self, num_tokens):
     spec_info = original(self, num_tokens)
-    if spec_info is None and _is_lookahead(self):
-        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
-
-        from lookahead.worker import LookaheadVerifyInput
-
-        spec_info = LookaheadVerifyInput(
-            draft_token=None,
-            custom_mask=self.buffers.custom_mask,
-            positions=None,
-            retrieve_index=None,
-            retrieve_next_token=None,
-            retrieve_next_sibling=None,
-            draft_token_num=self.captured_req_width,
-        )
-        spec_info.capture_hidden_mode = CaptureHiddenMode.NULL
+    if spec_info is None and _is_lookahead_target(self.model_runner):
+        spec_info = capture_verify_input(self.buffers.custom_mask, self.captured_req_width)
     return spec_info
 
 
-def _can_run_graph(original, self, forward_batch):
-    if _is_lookahead(self) and not verify_batch_fits(
-        forward_batch.forward_mode.is_target_verify(),
-        forward_batch.input_ids.numel(),
-        forward_batch.batch_size,
-        self.captured_req_width,
-    ):
-        return False
-    return original(self, forward_batch)
+def _dummy_verify_input(original, spec_algorithm, custom_mask, num_tokens_per_req, is_draft_worker):
+    spec_info = original(spec_algorithm, custom_mask, num_tokens_per_req, is_draft_worker)
+    if spec_info is None and _is_lookahead(spec_algorithm) and not is_draft_worker:
+        spec_info = capture_verify_input(custom_mask, num_tokens_per_req)
+    return spec_info
 
 
-def verify_batch_fits(is_target_verify: bool, num_tokens: int, batch_size: int, captured_width: int) -> bool:
-    """Whether a batch has the shape of a captured LOOKAHEAD verify graph."""
-    return is_target_verify and num_tokens == batch_size * captured_width
+def _startup_capture_at_width_one(original, self, *args, **kwargs):
+    mr = self.model_runner
+    if not _is_lookahead_target(mr) or str(mr.device).startswith("cpu"):
+        return original(self, *args, **kwargs)
+    from lookahead.verify_tiers import FALLBACK_WIDTH, build_attn_backend, width_override
+
+    # The backend built at start-up has the full width; the worker's
+    # init_cuda_graphs gives it to the width-N tier.
+    mr.lookahead_full_width_attn_backend = mr.attn_backend
+    mr.attn_backend = build_attn_backend(mr, FALLBACK_WIDTH)
+    with width_override(FALLBACK_WIDTH):
+        return original(self, *args, **kwargs)
+
+
+# -- overlap --------------------------------------------------------------------
+
+
+def _relay_payload(original, self, batch, future_indices, batch_result):
+    if not _is_lookahead(self.spec_algorithm):
+        return original(self, batch, future_indices, batch_result)
+    from sglang.srt.managers.overlap_utils import RelayPayload
+
+    # Same as SGLang's NGRAM branch: the accepted tokens relay to the next step.
+    if batch_result.next_draft_input is not None:
+        self.future_map.stash(future_indices, RelayPayload.from_ngram(batch_result.next_draft_input))
+
+
+# -- sampling and penalties -------------------------------------------------------
+
+
+def _cumulate_every_token(original, self):
+    if not _is_lookahead(self.spec_algorithm):
+        return original(self)
+    from lookahead.tree_penalties import cumulate_new_output_tokens
+
+    cumulate_new_output_tokens(self)
+
+
+def _copy_with_penalties(original, self):
+    copy = original(self)
+    orchestrator = self.penalizer_orchestrator
+    if orchestrator is not None and orchestrator.is_required:
+        batch = orchestrator.batch
+        if batch is not None and _is_lookahead(batch.spec_algorithm):
+            from lookahead.tree_penalties import PenaltySnapshot
+
+            setattr(copy, PENALTY_SNAPSHOT_ATTR, PenaltySnapshot.take(orchestrator, batch.reqs))
+    return copy
+
+
+def _sample_tree(original, verify_input, batch, logits_output, grammar_mask=None, *args, **kwargs):
+    if not isinstance(verify_input, LookaheadVerifyInput):
+        return original(verify_input, batch, logits_output, grammar_mask, *args, **kwargs)
+    info = batch.sampling_info
+    snapshot = getattr(info, PENALTY_SNAPSHOT_ATTR, None)
+    saved = None
+    if snapshot is not None and verify_input.penalty_inputs is not None:
+        snapshot.node_logits(logits_output.next_token_logits, *verify_input.penalty_inputs)
+        # Applied node by node above, so eagle_sample must not add the
+        # committed-only version on top.
+        saved = (info.acc_additive_penalties, info.acc_scaling_penalties)
+        info.acc_additive_penalties = info.acc_scaling_penalties = None
+    try:
+        if logits_output.next_token_logits.device.type == "cpu" and not info.is_all_greedy:
+            from lookahead.cpu_sampling import tree_sampling_verify
+
+            return tree_sampling_verify(verify_input, batch, logits_output, grammar_mask)
+        return original(verify_input, batch, logits_output, grammar_mask, *args, **kwargs)
+    finally:
+        if saved is not None:
+            info.acc_additive_penalties, info.acc_scaling_penalties = saved
 
 
 def install() -> None:
-    """Register and apply both hooks (idempotent)."""
+    """Register and apply every hook (idempotent)."""
     global _installed
     if _installed:
         return
+    import importlib
+
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    HookRegistry.register(f"{_RUNNER}.get_spec_info", _capture_spec_info, HookType.AROUND)
-    HookRegistry.register(f"{_RUNNER}.can_run_graph", _can_run_graph, HookType.AROUND)
+    around = HookType.AROUND
+    for target, hook in (
+        (f"{_RUNNER}.get_spec_info", _capture_spec_info),
+        ("sglang.srt.speculative.spec_info.create_dummy_verify_input", _dummy_verify_input),
+        ("sglang.srt.managers.tp_worker.TpModelWorker.init_cuda_graphs", _startup_capture_at_width_one),
+        ("sglang.srt.managers.scheduler.Scheduler._relay_forward_payload", _relay_payload),
+        ("sglang.srt.managers.schedule_batch.ScheduleBatch.cumulate_penalty_output_tokens",
+         _cumulate_every_token),
+        ("sglang.srt.sampling.sampling_batch_info.SamplingBatchInfo.copy_for_forward", _copy_with_penalties),
+        ("sglang.srt.speculative.ngram_worker.eagle_sample", _sample_tree),
+    ):
+        # The registry resolves targets by attribute: their modules must be loaded.
+        module = target
+        while module:
+            module = module.rpartition(".")[0]
+            try:
+                importlib.import_module(module)
+                break
+            except ImportError:
+                continue
+        HookRegistry.register(target, hook, around)
     HookRegistry.apply_hooks()
     _installed = True
-    logger.debug("LOOKAHEAD: CUDA-graph runner hooks installed")
+    logger.debug("LOOKAHEAD: SGLang hooks installed")

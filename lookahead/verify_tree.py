@@ -18,8 +18,9 @@ Two choices keep padding cheap:
   node is verified like any other: if the target happens to predict its
   token, accepting it is still exactly what plain decoding would emit.
 
-Pure numpy on purpose: it runs on the host between forward passes and is
-unit-tested without a model.
+The packing is pure numpy on purpose: it runs on the host between forward
+passes and is unit-tested without a model. ``full_verify_mask`` is the one
+device-side piece: the mask layout GPU backends take, built on the device.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+import torch
 
 PAD_TOKEN = 0
 
@@ -90,3 +92,27 @@ def ancestor_mask(parent: np.ndarray) -> np.ndarray:
         mask[:, i, :] = mask[rows, parent[:, i], :]
         mask[:, i, i] = True
     return mask
+
+
+def full_verify_mask(tree_mask: torch.Tensor, seq_lens: torch.Tensor, seq_lens_sum: int, width: int,
+                     buffer: torch.Tensor) -> torch.Tensor:
+    """The verify mask of SGLang's GPU backends, built on ``tree_mask``'s device.
+
+    Per request and per tree row: ``seq_len`` ones (the committed prefix),
+    then the row of its ``[W, W]`` tree mask; all requests flattened in
+    order. ``buffer`` (bool, at least ``width * (seq_lens_sum + bs * width)``
+    long) holds the result, so that a step allocates nothing and the host
+    does no work that grows with the context.
+    """
+    bs = seq_lens.numel()
+    total = width * (seq_lens_sum + bs * width)
+    out = buffer[:total]
+    out.fill_(True)
+    lens = seq_lens.to(torch.int64)
+    row = lens + width  # each row: prefix then tree
+    start = torch.cumsum(width * row, dim=0) - width * row
+    cols = torch.arange(width, device=out.device)
+    index = (start.view(-1, 1, 1) + cols.view(1, -1, 1) * row.view(-1, 1, 1)
+             + lens.view(-1, 1, 1) + cols.view(1, 1, -1))
+    out[index.reshape(-1)] = tree_mask.reshape(-1)
+    return out

@@ -1,59 +1,56 @@
-"""``LookaheadWorker``: SGLang's speculative worker for LOOKAHEAD.
+"""``LookaheadWorker``: SGLang's NGRAM worker, drafting from LOOKAHEAD's trie.
 
-The verify flow is NGRAM's (``sglang/srt/speculative/ngram_worker.py``),
-reused rather than rewritten: the drafts become an ``NgramVerifyInput`` tree,
-the target runs one TARGET_VERIFY forward, ``eagle_sample`` accepts the
-longest matching path (greedy or by tree speculative sampling) and
-``move_accept_tokens_to_target_kvcache`` compacts the KV.  What differs, and
-lives in its own module:
+The verify flow is ``NGRAMWorker.forward_batch_generation``, unchanged: one
+TARGET_VERIFY forward over the draft trees, the grammar vocab mask over the
+tree, ``eagle_sample``, mamba state, watermarks, the KV compaction, logprobs
+and the result the scheduler relays (overlap included). What this subclass
+supplies is what differs:
 
-* drafting: ``lookahead.cache.LookaheadCache`` (the Cython trie), fed by
-  ``lookahead.request_feed.RequestFeed``;
-* tree layout: ``lookahead.verify_tree`` (variable width, cheap padding);
-* the CUDA-graph runner's knowledge of LOOKAHEAD: ``lookahead.sglang_hooks``;
-* a plain one-token DECODE step, with no drafting cost, when the batch is
-  larger than ``--speculative-lookahead-max-batch-size`` or nothing matched;
-* sampling verification on CPU, where SGLang only verifies greedily:
-  ``lookahead.cpu_sampling``;
-* counters and logs: ``lookahead.worker_stats``, Prometheus metrics:
-  ``lookahead.metrics``.
+* the drafts (``_prepare_draft_tokens``): the trie (``lookahead.cache``), fed
+  by ``lookahead.request_feed`` with every committed token once, including
+  the previous step's tokens that overlap scheduling has not yet put in
+  ``output_ids``;
+* the tree layout (``_prepare_for_speculative_decoding``): the step's width
+  from ``lookahead.verify_tiers`` (N up to the max batch size, 1 above it,
+  free on CPU), preallocated buffers, the GPU mask built on the device;
+* the CUDA-graph tiers (``init_cuda_graphs``);
+* the stats, metrics and persistence of the trie.
+
+Sampling stays ``eagle_sample``, reached through ``lookahead.sglang_hooks``
+for the per-node penalties and the CPU sampling verifier.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
-import os
 import threading
 import time
 from typing import Optional
 
-import numpy as np
 import torch
 
 from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
 from sglang.kernels.ops.speculative.reconstruct_tree import reconstruct_indices_from_tree_mask_func
-from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.managers.schedule_batch import ScheduleBatch
-from sglang.srt.managers.scheduler import GenerationBatchResult
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
-from sglang.srt.runtime_context import get_device, get_parallel
+from sglang.srt.runtime_context import get_device, get_parallel, get_schedule, get_spec
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
-from sglang.srt.speculative.eagle_utils import eagle_sample
 from sglang.srt.speculative.ngram_info import NgramVerifyInput
-from sglang.srt.speculative.spec_utils import (
-    commit_mamba_states_after_verify,
-    move_accept_tokens_to_target_kvcache,
-    prepare_mamba_track_for_verify,
-)
+from sglang.srt.speculative.ngram_worker import NGRAMWorker
+from sglang.srt.speculative.spec_utils import prepare_mamba_track_for_verify
 from sglang.srt.utils import is_cpu
 
+from lookahead import sglang_hooks
 from lookahead.cache import Draft, LookaheadCache
 from lookahead.request_feed import RequestFeed
 from lookahead.server_args import get_lookahead_args
-from lookahead.verify_tree import pack_drafts, verify_width
+from lookahead.tree_penalties import reset_counts
+from lookahead.verify_input import LookaheadVerifyInput
+from lookahead.verify_tiers import FALLBACK_WIDTH, VerifyTiers, WidthPlan
+from lookahead.verify_tree import full_verify_mask, pack_drafts
 from lookahead.worker_stats import StepStats
 
 logger = logging.getLogger(__name__)
@@ -66,21 +63,10 @@ _is_cpu = is_cpu()
 # process exits normally.
 SAVE_DUTY = 10.0
 
-
-class LookaheadVerifyInput(NgramVerifyInput):
-    """An NGRAM verify tree that says when it is a plain chain, so attention
-    backends can skip the tree mask (intel_amx does for ``tree_topk == 1``)."""
-
-    def __init__(self, *args, is_chain: bool = False, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.is_chain = is_chain
-
-    @property
-    def tree_topk(self) -> int:
-        return 1 if self.is_chain else -1
+_NO_DRAFT = Draft([], [])
 
 
-class LookaheadWorker(BaseSpecWorker):
+class LookaheadWorker(NGRAMWorker):
     def __init__(
         self,
         server_args: ServerArgs,
@@ -88,22 +74,32 @@ class LookaheadWorker(BaseSpecWorker):
         nccl_port: int,
         target_worker: TpModelWorker,
     ):
-        super().__init__()
+        # NGRAMWorker.__init__ builds NGRAM's corpus, which the trie replaces:
+        # the attributes its verify flow reads are set here instead.
+        BaseSpecWorker.__init__(self)
         self.server_args = server_args
         self._target_worker = target_worker
         self.model_runner = target_worker.model_runner
         self.device = get_device().device
+        self.enable_overlap = not get_schedule().disable_overlap_schedule
+        self.page_size = get_schedule().page_size
         self.args = get_lookahead_args(server_args)
-        self.num_draft_tokens = self.args.num_draft_tokens  # verify width, root included
+        self.speculative_num_draft_tokens = self.args.num_draft_tokens  # N, root included
+        self.draft_token_num = self.speculative_num_draft_tokens  # this step's width
+        self.topk = get_spec().speculative_eagle_topk
+        self.speculative_num_steps = get_spec().speculative_num_steps
+        self.adaptive_controller = None
+        self._prev_decode_rids: set = set()
+        self.grammar_tree_host = None
         self.tp_size = get_parallel().tp_size
-        # With CUDA graphs, SGLang captures verify graphs at the full width:
-        # every verify step then uses that width so that it replays one.
-        self.use_graphs = not _is_cpu and not getattr(server_args, "disable_cuda_graph", False)
-        from lookahead import sglang_hooks
+        self.plan = WidthPlan(self.speculative_num_draft_tokens, self.args.max_batch_size, free_width=_is_cpu)
+        self.tiers: Optional[VerifyTiers] = None
+        self._step = None  # (width, reason) of the decode step being run
 
         sglang_hooks.install()  # before the scheduler captures any graph
         self.cache = self._load_cache()
-        self.feed = RequestFeed(self.cache, on_finish=self._finished)
+        self.max_trie_depth = self.cache.config.max_match_len  # context tokens a draft reads
+        self.feed = RequestFeed(self.cache, on_finish=self._finished, isolation=self.args.isolation)
         self.stats = StepStats()
         if getattr(server_args, "enable_metrics", False):
             from lookahead.metrics import LookaheadMetrics
@@ -116,28 +112,52 @@ class LookaheadWorker(BaseSpecWorker):
         self._save_seconds = 0.0
         self._save_lock = threading.Lock()
         if self.args.path:
-            atexit.register(self.save_trie)
+            atexit.register(self.save_trie, False)  # at exit: a blocking save
         logger.info(
-            "LOOKAHEAD worker: verify width %d (%s), speculating at batch sizes 1..%d, trie %s",
-            self.num_draft_tokens, "one branch" if self.args.one_branch else "tree",
-            self.args.max_batch_size, self.cache.config,
+            "LOOKAHEAD worker: verify width %d (%s), speculating at batch sizes 1..%d, overlap %s, trie %s",
+            self.speculative_num_draft_tokens, "one branch" if self.args.one_branch else "tree",
+            self.args.max_batch_size, "on" if self.enable_overlap else "off", self.cache.config,
         )
 
     # -- SGLang worker interface ------------------------------------------------
 
     @property
-    def draft_worker(self):
-        return None  # drafts come from the host-side trie
+    def ngram_corpus(self) -> RequestFeed:
+        # NGRAMWorker's verify flow tells its corpus which requests left the
+        # decode batch; the request feed is what holds per-request state here.
+        return self.feed
 
     def alloc_memory_pool(self, **kwargs):
         # The target's pools are shared (no draft model, no draft KV).
         self.req_to_token_pool, self.token_to_kv_pool_allocator = self._target_worker.get_memory_pool()
+        self.max_batch_size = self.model_runner.max_running_requests
+        nodes = self.max_batch_size * self.speculative_num_draft_tokens
+        self._buffers = {name: torch.empty((nodes,), dtype=torch.int64, device=self.device)
+                         for name in ("tokens", "positions", "retrieve_index", "next_token", "next_sibling")}
+        self._buffers["tree_mask"] = torch.empty(
+            (nodes * self.speculative_num_draft_tokens,), dtype=torch.bool, device=self.device)
+        self._full_mask = torch.empty((0,), dtype=torch.bool, device=self.device)
+
+    def init_cuda_graphs(self):
+        """On a GPU: the width-N verify tier next to the width-1 tier SGLang's
+        startup capture built (see ``sglang_hooks``); nothing on CPU."""
+        mr = self.model_runner
+        if _is_cpu:
+            return
+        self.tiers = VerifyTiers(self.plan, mr)
+        self.tiers.adopt_startup(FALLBACK_WIDTH)
+        full = self.speculative_num_draft_tokens
+        if full != FALLBACK_WIDTH and self.plan.max_batch_size > 0:
+            backend = getattr(mr, "lookahead_full_width_attn_backend", None) or mr.attn_backend
+            self.tiers.build(full, backend, capture=self.tiers.uses_graphs)
+        self.tiers.activate(FALLBACK_WIDTH)
 
     def clear_cache_pool(self):
         # Called when the scheduler flushes its caches while idle: no request
         # is live any more. The shared history is kept: it is about text, not
         # about the KV cache that was flushed.
         self.feed.finish_all()
+        self._prev_decode_rids = set()
 
     def on_verify_complete_cpu(self, num_correct_drafts_per_req: list, batch_size: int = 0) -> None:
         self.stats.record_accept(num_correct_drafts_per_req)
@@ -147,77 +167,150 @@ class LookaheadWorker(BaseSpecWorker):
 
     def forward_batch_generation(self, batch: ScheduleBatch, on_publish=None, pp_proxy_tensors=None):
         self.feed.sweep()
-        if batch.forward_mode.is_decode():
-            bs = len(batch.reqs)
-            if not self.args.speculates(bs):
-                # No drafting cost at all: outputs reach the trie when
-                # speculation resumes, or when the request ends.
-                result = self._decode(batch, pp_proxy_tensors, "fallback")
-            else:
-                reqs = self.feed.sync(batch.reqs)
-                drafts = self._draft(batch, reqs)
-                if drafts is not None:
-                    result = self._verify(batch, drafts, pp_proxy_tensors, "verify")
-                elif self.use_graphs and len(reqs) == bs:
-                    # Replaying the captured verify graph beats an eager decode.
-                    result = self._verify(batch, [Draft([], [])] * bs, pp_proxy_tensors, "no_draft")
-                else:
-                    result = self._decode(batch, pp_proxy_tensors, "no_draft")
+        self.draft_token_num = self.speculative_num_draft_tokens
+        self._step = None
+        if batch.forward_mode.is_extend():
+            self.feed.start(batch.reqs)
+            reset_counts(batch.reqs)  # a prefill gives the requests fresh penalizer rows
+        result = super().forward_batch_generation(batch, on_publish=on_publish, pp_proxy_tensors=pp_proxy_tensors)
+        if self._step is not None:
+            width, reason = self._step
+            # Rows of this step's tokens are `width` wide; what relays to the
+            # next step is laid out at the full width, so batches merge.
+            result.speculative_output_stride = width
+            result.next_draft_input = self._full_width(result.next_draft_input, width)
+            self.stats.record_step(width, bool(result.can_run_cuda_graph), reason)
             self.stats.maybe_log(self.cache.stats)
-        else:
-            if batch.forward_mode.is_extend():
-                self.feed.start(batch.reqs)
-            result = self._extend(batch, pp_proxy_tensors)
-        if on_publish is not None:
-            on_publish(result.new_seq_lens)
+        self.draft_token_num = self.speculative_num_draft_tokens
         return result
+
+    def _update_ngram_corpus(self, batch: ScheduleBatch):
+        # The trie is fed before drafting (_prepare_draft_tokens), not after verify.
+        pass
 
     # -- drafting ----------------------------------------------------------------
 
-    def _draft(self, batch: ScheduleBatch, reqs: list) -> Optional[list]:
+    def _pending_tokens(self, batch: ScheduleBatch) -> Optional[list]:
+        """Per request, the previous step's accepted tokens that are not in
+        ``output_ids`` yet: under overlap scheduling results are processed one
+        step late (NGRAM's splice; grammar batches are processed in time)."""
+        if not self.enable_overlap or batch.grammar_needs_sync() or batch.spec_info is None:
+            return None
+        tokens, lens = batch.spec_info.accept_tokens, batch.spec_info.accept_lens
+        if tokens is None or lens is None:
+            return None
+        tokens, lens = tokens.cpu().tolist(), lens.cpu().tolist()
+        stride = len(tokens) // max(1, len(lens))
+        return [tokens[i * stride: i * stride + n] for i, n in enumerate(lens)]
+
+    def _prepare_draft_tokens(self, batch: ScheduleBatch) -> tuple:
+        """The step's trees: ``(tokens [bs * W], ancestor mask [bs * W * W])``,
+        with the width and reason recorded in ``self._step``."""
+        bs = len(batch.reqs)
+        pending = self._pending_tokens(batch)
+        drafts = None
+        if self.plan.speculates(bs):
+            contexts = [self._context(req, pending[i] if pending is not None else ()) for i, req in
+                        enumerate(batch.reqs)]
+            roots = [c[-1] for c in contexts]
+            drafts = self._draft(batch, contexts, pending)
+            reason = "verify" if drafts is not None else "no_draft"
+        else:
+            # No drafting cost: outputs reach the trie when speculation
+            # resumes, or when the request ends.
+            roots = [self._last_token(req, pending[i] if pending is not None else ()) for i, req in
+                     enumerate(batch.reqs)]
+            reason = "fallback"
+        drafts = drafts or [_NO_DRAFT] * bs
+        width = self.plan.width(bs, max(len(d) for d in drafts))
+        trees = pack_drafts(drafts, roots, width)
+        self._step = (width, reason)
+        self._penalty_uncounted = None
+        if getattr(batch.sampling_info, sglang_hooks.PENALTY_SNAPSHOT_ATTR, None) is not None:
+            self._penalty_uncounted = self._uncounted(batch, pending)
+        self._trees = trees
+        return trees.tokens, trees.mask
+
+    def _context(self, req, pending) -> list:
+        """The last ``max_match_len`` tokens of prompt + output + pending: what a draft reads."""
+        n = self.max_trie_depth
+        tail = list(req.output_ids[-n:]) + list(pending)
+        if len(tail) < n:
+            tail = list(RequestFeed.prompt_of(req)[-(n - len(tail)):]) + tail
+        return tail[-n:]
+
+    @staticmethod
+    def _last_token(req, pending) -> int:
+        """The root of the request's verify tree: its last committed token."""
+        if pending:
+            return pending[-1]
+        return req.output_ids[-1] if req.output_ids else RequestFeed.prompt_of(req)[-1]
+
+    def _draft(self, batch: ScheduleBatch, contexts: list, pending) -> Optional[list]:
         """One draft per request of the batch, or None when all are empty."""
+        reqs = self.feed.sync(batch.reqs, pending)
         if len(reqs) != len(batch.reqs):
             return None  # a request unknown to the trie: verify nothing this step
         if self.tp_size > 1:
             # Every rank must verify the same tree: with every insert applied,
             # identical calls give identical drafts on every rank.
             self.cache.synchronize()
-        tail = self.cache.config.max_match_len
-        contexts = []
-        for req in reqs:
-            out = req.output_ids
-            if len(out) >= tail:
-                contexts.append(out[-tail:])
-            else:
-                contexts.append(list(RequestFeed.prompt_of(req)[-(tail - len(out)):]) + list(out))
         t0 = time.perf_counter()
-        drafts = self.cache.batch_draft([r.rid for r in reqs], contexts, self.num_draft_tokens - 1,
+        drafts = self.cache.batch_draft([r.rid for r in reqs], contexts, self.speculative_num_draft_tokens - 1,
                                         self.args.one_branch)
         drafted = sum(len(d) for d in drafts)
         self.stats.record_draft(time.perf_counter() - t0, drafted, len(reqs))
         return drafts if drafted else None
 
-    # -- the three kinds of step -------------------------------------------------------
+    @staticmethod
+    def _uncounted(batch: ScheduleBatch, pending) -> list:
+        """Committed output tokens each request's penalizer rows have not
+        counted yet (``lookahead.tree_penalties``)."""
+        snapshot = getattr(batch.sampling_info, sglang_hooks.PENALTY_SNAPSHOT_ATTR)
+        out = []
+        for i, (req, counted) in enumerate(zip(batch.reqs, snapshot.counted)):
+            committed = list(req.output_ids[counted:])
+            out.append(committed + list(pending[i]) if pending is not None else committed)
+        return out
 
-    def _verify(self, batch: ScheduleBatch, drafts: list, pp_proxy_tensors, reason: str) -> GenerationBatchResult:
+    # -- the verify tree ------------------------------------------------------------
+
+    def _prepare_for_speculative_decoding(self, batch: ScheduleBatch):
+        # Extend goes through the plain target forward, and an IDLE batch keeps
+        # its forward_mode.
+        if not batch.forward_mode.is_decode():
+            return
         bs = len(batch.reqs)
-        width = self.num_draft_tokens if self.use_graphs else verify_width(drafts, self.num_draft_tokens)
-        trees = pack_drafts(drafts, _last_tokens(batch), width)
+        tokens, mask = self._prepare_draft_tokens(batch)
+        width = self._trees.width
+        self.draft_token_num = width  # NGRAMWorker's verify flow reads the step's width here
+        if self.tiers is not None:
+            self.tiers.activate(width)
+        # Staged for the grammar bitmask, which NGRAM's flow derives after the verify launch.
+        self.grammar_tree_host = (mask, tokens) if batch.has_grammar else None
 
-        draft_tokens = torch.from_numpy(trees.tokens).to(self.device, non_blocking=True)
-        tree_mask = torch.from_numpy(trees.mask).to(self.device, non_blocking=True)
-        positions = torch.empty((bs * width,), dtype=torch.int64, device=self.device)
-        retrieve_index = torch.empty((bs, width), dtype=torch.int64, device=self.device)
-        retrieve_next_token = torch.empty((bs, width), dtype=torch.int64, device=self.device)
-        retrieve_next_sibling = torch.empty((bs, width), dtype=torch.int64, device=self.device)
+        n = bs * width
+        buf = self._buffers
+        draft_tokens = buf["tokens"][:n]
+        draft_tokens.copy_(torch.from_numpy(tokens), non_blocking=True)
+        tree_mask = buf["tree_mask"][: n * width]
+        tree_mask.copy_(torch.from_numpy(mask), non_blocking=True)
+        positions = buf["positions"][:n]
+        retrieve_index = buf["retrieve_index"][:n].view(bs, width)
+        retrieve_next_token = buf["next_token"][:n].view(bs, width)
+        retrieve_next_sibling = buf["next_sibling"][:n].view(bs, width)
         reconstruct_indices_from_tree_mask_func(
             tree_mask, batch.seq_lens, positions, retrieve_index, retrieve_next_token,
             retrieve_next_sibling, bs, width,
         )
-        custom_mask = tree_mask
+        custom_mask = tree_mask  # the CPU backend takes the tree part only
         if not _is_cpu:
-            # GPU backends take the full mask: the committed prefix, then the tree.
-            custom_mask = full_verify_mask(trees.mask, batch.seq_lens_cpu, width, self.device)
+            seq_lens_sum = int(batch.seq_lens_cpu.sum())
+            needed = width * (seq_lens_sum + bs * width)
+            if self._full_mask.numel() < needed:
+                self._full_mask = torch.empty((max(needed, 2 * self._full_mask.numel()),),
+                                              dtype=torch.bool, device=self.device)
+            custom_mask = full_verify_mask(tree_mask, batch.seq_lens, seq_lens_sum, width, self._full_mask)
 
         batch.forward_mode = ForwardMode.TARGET_VERIFY
         batch.input_ids = draft_tokens
@@ -231,7 +324,10 @@ class LookaheadWorker(BaseSpecWorker):
             device=self.device,
         )
         prepare_mamba_track_for_verify(batch)
-        verify_input = LookaheadVerifyInput(
+        penalty_inputs = None
+        if self._penalty_uncounted is not None:
+            penalty_inputs = (tokens, mask, self._penalty_uncounted)
+        batch.spec_info = LookaheadVerifyInput(
             draft_token=draft_tokens,
             custom_mask=custom_mask,
             positions=positions,
@@ -239,103 +335,23 @@ class LookaheadWorker(BaseSpecWorker):
             retrieve_next_token=retrieve_next_token,
             retrieve_next_sibling=retrieve_next_sibling,
             draft_token_num=width,
-            is_chain=trees.is_chain,
-        )
-        batch.spec_info = verify_input
-
-        batch_result = self._target_worker.forward_batch_generation(
-            batch, pp_proxy_tensors=pp_proxy_tensors, is_verify=True
-        )
-        logits_output = batch_result.logits_output
-        if _is_cpu and not batch.sampling_info.is_all_greedy:
-            # SGLang verifies greedily on CPU whatever the sampling settings;
-            # ours keeps the target's sampling distribution.
-            from lookahead.cpu_sampling import tree_sampling_verify
-
-            predict, accept_lens, accept_index = tree_sampling_verify(verify_input, batch, logits_output)
-        else:
-            predict, accept_lens, accept_index = eagle_sample(
-                verify_input, batch, logits_output, None,
-                watermark_state=self.model_runner.watermark_state,
-            )
-        new_seq_lens = batch.seq_lens + accept_lens
-        commit_mamba_states_after_verify(self._target_worker, batch, accept_lens, accept_index, width)
-        accept_tokens = predict[accept_index].flatten()
-        move_accept_tokens_to_target_kvcache(
-            batch, accept_index, accept_lens - 1, self.token_to_kv_pool_allocator
-        )
-        if batch.return_logprob:
-            compute_spec_logprobs(batch, logits_output, predict, accept_index=accept_index)
-        batch.forward_mode = ForwardMode.DECODE
-        self.stats.record_step(True, bool(batch_result.can_run_cuda_graph), reason)
-        return GenerationBatchResult(
-            logits_output=logits_output,
-            next_token_ids=accept_tokens,
-            can_run_cuda_graph=batch_result.can_run_cuda_graph,
-            accept_lens=accept_lens,
-            new_seq_lens=new_seq_lens,
-            next_draft_input=self._next_draft_input(accept_tokens, accept_lens, new_seq_lens, width),
-            speculative_num_draft_tokens=self.num_draft_tokens,
-            speculative_output_stride=width,
+            is_chain=self._trees.is_chain,
+            penalty_inputs=penalty_inputs,
         )
 
-    def _decode(self, batch: ScheduleBatch, pp_proxy_tensors, reason: str) -> GenerationBatchResult:
-        """A plain one-token step inside a speculative server.
-
-        SGLang's speculative decode preparation leaves ``seq_lens`` at the
-        committed length and reserves KV slots ahead; a DECODE forward expects
-        the new token counted in.  The batch is restored by the scheduler's
-        forward isolation afterwards, so it is adjusted in place here.
-        """
-        bs = len(batch.reqs)
-        seq_lens = batch.seq_lens
-        batch.input_ids = torch.tensor(_last_tokens(batch), dtype=torch.int64).to(self.device, non_blocking=True)
-        # The KV slot reserved for the token at position seq_len.
-        batch.out_cache_loc = batch.req_to_token_pool.req_to_token[
-            batch.req_pool_indices, seq_lens].to(torch.int64)
-        batch.seq_lens = seq_lens + 1
-        if batch.seq_lens_cpu is not None:
-            batch.seq_lens_cpu = batch.seq_lens_cpu + 1
-        if getattr(batch, "orig_seq_lens", None) is not None:
-            batch.orig_seq_lens = batch.orig_seq_lens + 1
-        batch.seq_lens_sum = None
-        batch.spec_info = None
-        batch.forward_mode = ForwardMode.DECODE
-        batch_result = self._target_worker.forward_batch_generation(batch, pp_proxy_tensors=pp_proxy_tensors)
-        self.stats.record_step(False, bool(batch_result.can_run_cuda_graph), reason)
-        return self._one_token_result(batch_result, bs, seq_lens + 1)
-
-    def _extend(self, batch: ScheduleBatch, pp_proxy_tensors) -> GenerationBatchResult:
-        """Prefill: the target's own forward; drafting starts at the first decode."""
-        batch_result = self._target_worker.forward_batch_generation(batch, pp_proxy_tensors=pp_proxy_tensors)
-        return self._one_token_result(batch_result, len(batch.reqs), batch.seq_lens.clone())
-
-    def _one_token_result(self, batch_result, bs: int, new_seq_lens) -> GenerationBatchResult:
-        """A step that committed exactly one sampled token per request."""
-        predict = batch_result.next_token_ids
-        accept_lens = torch.ones(bs, dtype=torch.int32, device=self.device)
-        return GenerationBatchResult(
-            logits_output=batch_result.logits_output,
-            next_token_ids=predict,
-            can_run_cuda_graph=batch_result.can_run_cuda_graph,
-            accept_lens=accept_lens,
-            new_seq_lens=new_seq_lens,
-            next_draft_input=self._next_draft_input(predict, accept_lens, new_seq_lens, 1),
-            speculative_num_draft_tokens=self.num_draft_tokens,
-            speculative_output_stride=1,
-        )
-
-    def _next_draft_input(self, tokens, accept_lens, new_seq_lens, stride: int) -> NgramVerifyInput:
-        """What the scheduler carries to the next step (filtered and merged with
-        other batches); always laid out at the full width so batches merge."""
-        bs = accept_lens.shape[0]
-        full = torch.zeros((bs, self.num_draft_tokens), dtype=torch.int32, device=self.device)
-        full[:, :stride] = tokens.reshape(bs, stride)
+    def _full_width(self, draft_input: NgramVerifyInput, width: int) -> NgramVerifyInput:
+        full = self.speculative_num_draft_tokens
+        if draft_input is None or width == full:
+            return draft_input
+        bs = draft_input.accept_lens.shape[0]
+        tokens = draft_input.accept_tokens
+        padded = torch.zeros((bs, full), dtype=tokens.dtype, device=tokens.device)
+        padded[:, :width] = tokens.reshape(bs, width)
         return NgramVerifyInput(
-            draft_token_num=self.num_draft_tokens,
-            new_seq_lens=new_seq_lens,
-            accept_tokens=full.flatten(),
-            accept_lens=accept_lens,
+            draft_token_num=full,
+            new_seq_lens=draft_input.new_seq_lens,
+            accept_tokens=padded.flatten(),
+            accept_lens=draft_input.accept_lens,
         )
 
     # -- request lifecycle and persistence ---------------------------------------------
@@ -353,44 +369,39 @@ class LookaheadWorker(BaseSpecWorker):
         vocab = getattr(self.model_runner.model_config, "vocab_size", None)
         if vocab:
             overrides["vocab_size"] = int(vocab)
-        path = self.args.path
-        if path and os.path.exists(path):
-            cache = LookaheadCache.load(path, **overrides)
-            logger.info("LOOKAHEAD: loaded %d shared tokens from %s", cache.stats()["shared_tokens"], path)
-            return cache
-        return LookaheadCache(**overrides)
+        # No file: empty. A damaged file is set aside as PATH.corrupt with a
+        # warning, and the server starts with an empty history.
+        cache = LookaheadCache.open(self.args.path, **overrides)
+        if self.args.path and cache.stats()["shared_tokens"]:
+            logger.info("LOOKAHEAD: loaded %d shared tokens from %s", cache.stats()["shared_tokens"], self.args.path)
+        return cache
 
-    def save_trie(self) -> None:
-        """Write the shared history to ``--speculative-lookahead-path`` (rank 0)."""
+    def save_trie(self, background: bool = True) -> None:
+        """Write every scope's history to ``--speculative-lookahead-path`` (rank 0),
+        from the cache's own thread unless ``background`` is False (at exit)."""
         if not self.args.path or get_parallel().tp_rank != 0 or not self._dirty:
             return
         with self._save_lock:
+            self._dirty = False
+            self._last_save = time.monotonic()
             try:
-                self._last_save = time.monotonic()
-                self.cache.save(self.args.path)
-                self._save_seconds = time.monotonic() - self._last_save
-                self._dirty = False
-                logger.info("LOOKAHEAD: saved the trie to %s", self.args.path)
+                if not background:
+                    self.cache.save(self.args.path)  # waits for a background save first
+                    return
+                self.cache.save(self.args.path, background=True).add_done_callback(self._saved)
             except Exception:
+                self._dirty = True
                 logger.exception("LOOKAHEAD: could not save the trie to %s", self.args.path)
+
+    def _saved(self, done) -> None:
+        """A background save ended (on the cache's save thread)."""
+        if done.exception() is not None:
+            self._dirty = True  # try again at the next drain
+            logger.error("LOOKAHEAD: could not save the trie to %s: %s", self.args.path, done.exception())
+        else:
+            self._save_seconds = done.result()  # keeps the SAVE_DUTY rate limit
+            logger.info("LOOKAHEAD: saved the trie to %s", self.args.path)
 
     def lookahead_stats(self) -> dict:
         """Steps by path, acceptance and trie size (for benchmarks and metrics)."""
         return {**self.stats.snapshot(), "trie": self.cache.stats()}
-
-
-def _last_tokens(batch: ScheduleBatch) -> list:
-    """Each request's last committed token: the root of its verify tree."""
-    return [req.output_ids[-1] if req.output_ids else RequestFeed.prompt_of(req)[-1] for req in batch.reqs]
-
-
-def full_verify_mask(tree_mask: np.ndarray, seq_lens_cpu, width: int, device) -> torch.Tensor:
-    """Per request, ``seq_len`` ones (the committed prefix) then its tree rows,
-    flattened: the mask layout SGLang's GPU backends take for NGRAM trees."""
-    bs = len(seq_lens_cpu)
-    tree = torch.from_numpy(tree_mask.reshape(bs, width, width))
-    parts = []
-    for i in range(bs):
-        prefix = torch.ones((width, int(seq_lens_cpu[i])), dtype=torch.bool)
-        parts.append(torch.cat((prefix, tree[i]), dim=1).flatten())
-    return torch.cat(parts).to(device, non_blocking=True)

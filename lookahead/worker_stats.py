@@ -1,9 +1,11 @@
 """What the worker did, step by step: for logs, ``stats()`` and metrics.
 
-Every decode step is counted once, by path (``verify`` with drafts, or plain
-``decode``) and by how it ran (a CUDA-graph replay or eagerly), with the
-reason a plain step was taken (``fallback``: the batch is larger than
-``--speculative-lookahead-max-batch-size``; ``no_draft``: nothing matched).
+Every decode step is one TARGET_VERIFY forward, counted once by path: its
+tier (``verify``: wider than one token; ``single``: the last committed token
+alone, a plain decode step on the verify path) and how it ran (a CUDA-graph
+replay or eagerly); and by reason (``verify``: drafted; ``no_draft``: nothing
+matched; ``fallback``: the batch is larger than
+``--speculative-lookahead-max-batch-size``, so nothing was drafted).
 Acceptance is recorded from the CPU copy the scheduler already makes, so
 keeping these figures costs no device synchronisation.
 """
@@ -16,13 +18,13 @@ from collections import Counter
 
 logger = logging.getLogger(__name__)
 
-PATHS = ("verify-graph", "verify-eager", "decode-graph", "decode-eager")
+PATHS = ("verify-graph", "verify-eager", "single-graph", "single-eager")
 
 
 class StepStats:
     def __init__(self, log_interval_s: float = 30.0):
         self.log_interval_s = log_interval_s
-        self.paths: Counter = Counter()  # verify-graph / verify-eager / decode-graph / decode-eager
+        self.paths: Counter = Counter()  # one of PATHS
         self.reasons: Counter = Counter()  # verify / fallback / no_draft
         self.verify_steps = 0
         self.accepted_tokens = 0  # committed tokens over all decode steps (drafts + bonus)
@@ -35,8 +37,8 @@ class StepStats:
         self._window = Counter()
         self.listeners = []  # callables(event, **fields), e.g. Prometheus metrics
 
-    def record_step(self, verify: bool, graph: bool, reason: str) -> None:
-        path = f"{'verify' if verify else 'decode'}-{'graph' if graph else 'eager'}"
+    def record_step(self, width: int, graph: bool, reason: str) -> None:
+        path = f"{'verify' if width > 1 else 'single'}-{'graph' if graph else 'eager'}"
         self.paths[path] += 1
         self.reasons[reason] += 1
         self._window[reason] += 1

@@ -1,15 +1,20 @@
 """LOOKAHEAD against plain decoding and NGRAM, measured with ``sglang.bench_serving``.
 
-For each configuration (plain, NGRAM, LOOKAHEAD one-branch, LOOKAHEAD
-multi-branch) this starts a server, runs ``python -m sglang.bench_serving``
-at each concurrency on a local ShareGPT-format file, and stops the server.
+For each configuration (plain with and without overlap scheduling, NGRAM,
+LOOKAHEAD one-branch and multi-branch) this starts a server, runs
+``python -m sglang.bench_serving`` at each concurrency on a local
+ShareGPT-format file, and stops the server. LOOKAHEAD's servers run with
+``--enable-metrics``; after each run the script reads which path its decode
+steps took (``sglang:lookahead_steps_total`` by path and reason).
 The file is built from text that installed PyPI packages ship (sglang's and
 numpy's sources and README), with copy-heavy requests mixed in: code edits
 and questions over pasted documents.
 
 Prints a markdown table of median TPOT, output tokens/s and accept length
-with ratios to plain decoding, and writes it with a JSON file and a PNG plot
-of TPOT against concurrency.
+with ratios to plain decoding in the same scheduling mode (speculative
+servers run without overlap on CPU, as SGLang decides there), the steps by
+path, and writes it with a JSON file and, when matplotlib is installed, a
+PNG plot of TPOT against concurrency.
 
     python scripts/bench_serving.py                      # tiny local model on CPU
     python scripts/bench_serving.py --model-path M --device cuda
@@ -32,6 +37,7 @@ sys.path.insert(0, str(REPO))
 
 CONFIGS = {
     "plain": [],
+    "plain-sync": ["--disable-overlap-schedule"],
     "ngram": ["--speculative-algorithm", "NGRAM"],
     "lookahead-1b": ["--speculative-algorithm", "LOOKAHEAD", "--speculative-one-branch"],
     "lookahead": ["--speculative-algorithm", "LOOKAHEAD"],
@@ -91,22 +97,54 @@ def run_bench(url: str, model: str, dataset: Path, concurrency: int, num_prompts
     return json.loads(out_file.read_text().splitlines()[-1])
 
 
-def markdown(results: list[dict]) -> str:
-    plain = {r["concurrency"]: r for r in results if r["config"] == "plain"}
-    lines = ["| config | concurrency | median TPOT (ms) | TPOT vs plain | output tok/s | tok/s vs plain | accept length |",
-             "|---|---|---|---|---|---|---|"]
+def lookahead_steps(url: str) -> dict:
+    """``sglang:lookahead_steps_total`` by "path/reason", from /metrics."""
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/metrics", timeout=60) as r:
+        text = r.read().decode()
+    steps = {}
+    for line in text.splitlines():
+        if line.startswith("sglang:lookahead_steps_total{"):
+            labels = dict(part.split("=", 1) for part in line[line.index("{") + 1: line.index("}")].split(","))
+            key = f"{labels['path'].strip(chr(34))}/{labels['reason'].strip(chr(34))}"
+            steps[key] = steps.get(key, 0) + float(line.rsplit(" ", 1)[1])
+    return steps
+
+
+def reference(config: str, device: str):
+    """The plain run a configuration is compared with: the same scheduling mode
+    (SGLang runs speculative decoding without overlap on CPU, with it on GPUs)."""
+    if config == "plain":
+        return None
+    if config == "plain-sync":
+        return "plain"
+    return "plain-sync" if device == "cpu" else "plain"
+
+
+def markdown(results: list[dict], device: str) -> str:
+    by_key = {(r["config"], r["concurrency"]): r for r in results}
+    lines = ["| config | concurrency | median TPOT (ms) | TPOT ratio | output tok/s | tok/s ratio | "
+             "accept length | steps by path/reason |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in results:
-        p = plain.get(r["concurrency"])
-        tpot_ratio = f"{r['median_tpot_ms'] / p['median_tpot_ms']:.2f}x" if p else ""
-        tput_ratio = f"{r['output_throughput'] / p['output_throughput']:.2f}x" if p else ""
+        ref = reference(r["config"], device)
+        p = by_key.get((ref, r["concurrency"]))
+        tpot_ratio = f"{r['median_tpot_ms'] / p['median_tpot_ms']:.2f}x {ref}" if p else ""
+        tput_ratio = f"{r['output_throughput'] / p['output_throughput']:.2f}x {ref}" if p else ""
         al = f"{r['accept_length']:.2f}" if r.get("accept_length") else "-"
+        steps = ", ".join(f"{k} {int(v)}" for k, v in sorted(r.get("steps", {}).items()) if v)
         lines.append(f"| {r['config']} | {r['concurrency']} | {r['median_tpot_ms']:.2f} | {tpot_ratio} | "
-                     f"{r['output_throughput']:.1f} | {tput_ratio} | {al} |")
+                     f"{r['output_throughput']:.1f} | {tput_ratio} | {al} | {steps} |")
     return "\n".join(lines)
 
 
-def plot(results: list[dict], path: Path) -> None:
-    import matplotlib
+def plot(results: list[dict], path: Path) -> bool:
+    """TPOT against concurrency, one line per configuration; False without matplotlib."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -123,6 +161,7 @@ def plot(results: list[dict], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return True
 
 
 def main(argv=None) -> int:
@@ -130,7 +169,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model-path", default=None, help="default: the tiny local model (built if absent)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"subset of {','.join(CONFIGS)}")
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--prompts-per-concurrency", type=int, default=3,
                     help="requests per run = this x concurrency (at least 8)")
     ap.add_argument("--output-len", type=int, default=128)
@@ -170,29 +209,40 @@ def main(argv=None) -> int:
     done = 0
     for config in configs:
         flags = list(CONFIGS[config])
-        if config != "plain":
+        if config.startswith(("ngram", "lookahead")):
             flags += ["--speculative-num-draft-tokens", str(args.num_draft_tokens)]
+        if config.startswith("lookahead"):
+            flags += ["--enable-metrics"]
         log(f"starting {config} server")
         with SGLangServer(model, base_args + flags, env, out_dir / f"server_{config}.log") as server:
+            # Warm-up (first-call compilation, allocator growth), not recorded.
+            run_bench(server.url, model, dataset, 2, 4, 16, out_dir / f"warmup_{config}.jsonl", env)
             for c in args.concurrency:
                 n = max(8, args.prompts_per_concurrency * c)
                 t0 = time.time()
+                before = lookahead_steps(server.url) if config.startswith("lookahead") else {}
                 rec = run_bench(server.url, model, dataset, c, n, args.output_len,
                                 out_dir / f"bench_{config}_c{c}.jsonl", env)
+                after = lookahead_steps(server.url) if config.startswith("lookahead") else {}
                 done += 1
                 results.append({"config": config, "concurrency": c, "median_tpot_ms": rec["median_tpot_ms"],
                                 "output_throughput": rec["output_throughput"],
-                                "accept_length": rec.get("accept_length"), "completed": rec["completed"]})
+                                "accept_length": rec.get("accept_length"), "completed": rec["completed"],
+                                "steps": {k: after[k] - before.get(k, 0) for k in after}})
                 log(f"[{done}/{total}] {config} c={c}: TPOT {rec['median_tpot_ms']:.2f} ms, "
                     f"{rec['output_throughput']:.1f} tok/s, accept {rec.get('accept_length')} ({time.time() - t0:.0f} s)")
         log(f"stopped {config} server")
 
-    table = markdown(results)
+    table = markdown(results, args.device)
     print(table)
     (out_dir / "bench_serving.md").write_text(table + "\n")
     (out_dir / "bench_serving.json").write_text(json.dumps(results, indent=1))
-    plot(results, out_dir / "tpot_vs_concurrency.png")
-    print(f"\nwrote {out_dir}/bench_serving.md, bench_serving.json, tpot_vs_concurrency.png")
+    written = ["bench_serving.md", "bench_serving.json"]
+    if plot(results, out_dir / "tpot_vs_concurrency.png"):
+        written.append("tpot_vs_concurrency.png")
+    else:
+        print("\n(matplotlib is not installed: no plot; pip install matplotlib for one)")
+    print(f"\nwrote {', '.join(f'{out_dir}/{w}' for w in written)}")
     return 0
 
 

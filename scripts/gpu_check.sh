@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# One prepared GPU check (issue 4), for the lent H200 machine: builds the Cython
-# trie there, runs the CUDA parts of the graph-runner tests, then gpu_check.py
-# (graph vs eager bit-identity, greedy equality, per-step timings). It needs only
-# what that machine has (torch, transformers, cython, numpy) and ends well within
-# 10 minutes. Output goes to stdout and, when $OUT is set, to $OUT/gpu_check.log.
+# Validate LOOKAHEAD on your own CUDA machine and model, with SGLang 0.5.23 and
+# this package installed (pip install .):
+#
+#   scripts/gpu_check.sh --model-path meta-llama/Llama-3.1-8B-Instruct [--extra-server-args "..."]
+#
+# Runs the feature matrix against plain decoding (tree and one-branch, with
+# overlap scheduling and CUDA graphs), then bench_serving at concurrency 1, 4
+# and 16 for plain, NGRAM and LOOKAHEAD with LOOKAHEAD's steps by path. About
+# 10 minutes on one H100-class GPU with an 8B model. Exits non-zero when an
+# answer differs from plain decoding or a step took an unintended path.
+# Output goes to stdout and artifacts/gpu_check/gpu_check.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-LOG=${OUT:-/tmp}/gpu_check.log
+mkdir -p artifacts/gpu_check
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-  python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
-  python3 setup.py -q build_ext --inplace
-  PYTHONUNBUFFERED=1 python3 -m pytest -q tests/test_graph_runner.py -p no:cacheprovider
-  PYTHONUNBUFFERED=1 timeout 480 python3 scripts/gpu_check.py
-} 2>&1 | tee "$LOG"
+  python3 -c "import sglang, torch; print('sglang', sglang.__version__, 'torch', torch.__version__)"
+  PYTHONUNBUFFERED=1 python3 scripts/gpu_check.py "$@"
+} 2>&1 | tee artifacts/gpu_check/gpu_check.log

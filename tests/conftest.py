@@ -27,3 +27,35 @@ def cpu_subprocess_env() -> dict:
     env = cpu_env()
     env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(REPO), str(REPO / "tests")])
     return env
+
+
+@pytest.fixture(scope="module")
+def plugin():
+    """LOOKAHEAD registered in this process, with its option hooks applied."""
+    import sglang_args  # noqa: F401  (puts the CPU sgl_kernel stand-in on sys.path)
+    from sglang.srt.plugins import load_plugins
+
+    from lookahead import plugin as plugin_module
+
+    plugin_module.register()
+    load_plugins()  # applies the hooks (and loads the entry point if installed)
+    return plugin_module
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory) -> str:
+    """A config-only Llama directory: enough for argument resolution."""
+    from transformers import LlamaConfig
+
+    path = tmp_path_factory.mktemp("tiny_config")
+    LlamaConfig(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=2048,
+        max_position_embeddings=512,
+        architectures=["LlamaForCausalLM"],
+    ).save_pretrained(path)
+    return str(path)

@@ -12,6 +12,7 @@ call each (a group of n prompts is decoded as a batch of n).
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -94,6 +95,13 @@ def main(spec_path: str, out_path: str) -> None:
                         "completion_tokens": meta.get("completion_tokens"),
                     }
             gen_s = time.time() - t0
+            trie_path = run.get("engine", {}).get("speculative_lookahead_path")
+            if trie_path:
+                # The drained server saves in the background; SGLang stops its
+                # schedulers with SIGKILL, so wait for the save to land.
+                deadline = time.time() + 30
+                while time.time() < deadline and not (os.path.exists(trie_path) and os.path.getmtime(trie_path) >= t0):
+                    time.sleep(0.2)
         finally:
             engine.shutdown()
         result["runs"][run["name"]] = {

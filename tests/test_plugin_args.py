@@ -23,24 +23,8 @@ import subprocess
 import sys
 import textwrap
 import types
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-SGL_KERNEL_SHIM = REPO / "lookahead" / "testing" / "cpu_sgl_kernel"
-
-# Resolution imports sglang's memory pools, which import sgl_kernel at module
-# level; on a CPU-only machine only the repository's pure-torch stand-in exists
-# (which another test module may have imported already: the subprocesses here
-# need it on their path all the same).
-_SPEC = importlib.util.find_spec("sgl_kernel")
-_EXTRA_PATH = (
-    [str(SGL_KERNEL_SHIM)]
-    if (_SPEC is None or str(SGL_KERNEL_SHIM) in str(_SPEC.origin)) and SGL_KERNEL_SHIM.is_dir()
-    else []
-)
-sys.path[:0] = [p for p in _EXTRA_PATH if p not in sys.path]
 
 ALL_FLAGS = (
     "--speculative-one-branch",
@@ -52,62 +36,7 @@ ALL_FLAGS = (
 )
 
 
-# --------------------------------------------------------------------------
-# Fixtures
-# --------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def plugin():
-    from sglang.srt.plugins import load_plugins
-
-    from lookahead import plugin as plugin_module
-
-    plugin_module.register()
-    load_plugins()  # applies the hooks (and loads the entry point if installed)
-    return plugin_module
-
-
-@pytest.fixture(scope="session")
-def model_dir(tmp_path_factory) -> str:
-    """A config-only Llama directory: enough for argument resolution."""
-    from transformers import LlamaConfig
-
-    path = tmp_path_factory.mktemp("tiny_config")
-    LlamaConfig(
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=2048,
-        max_position_embeddings=512,
-        architectures=["LlamaForCausalLM"],
-    ).save_pretrained(path)
-    return str(path)
-
-
-def _resolve(server_args):
-    """Resolve as the launcher does, on a machine that has the intel_amx backend
-    (otherwise sglang falls back to torch_native, which LOOKAHEAD rejects)."""
-    from sglang.srt.runtime_context import override_platform
-
-    with override_platform(has_amx=True):
-        server_args.resolve_once()
-    return server_args
-
-
-def _engine_args(model_dir, **kwargs):
-    """A record built the way ``sgl.Engine(**kwargs)`` builds it."""
-    from sglang.srt.entrypoints.engine import Engine
-
-    base = dict(
-        model_path=model_dir,
-        device="cpu",
-        attention_backend="intel_amx",
-        speculative_algorithm="LOOKAHEAD",
-    )
-    return Engine.server_args_class(**{**base, **kwargs})
+from sglang_args import _EXTRA_PATH, REPO, _engine_args, _resolve  # noqa: E402
 
 
 def _resolved(record, name):
@@ -134,7 +63,7 @@ def test_register_is_idempotent(plugin):
     assert SpeculativeAlgorithm.from_string("lookahead") is algo
     assert isinstance(algo, plugin.LookaheadSpecAlgo)
     assert algo.name == "LOOKAHEAD"
-    assert not algo.supports_overlap
+    assert algo.supports_overlap
     hooks = HookRegistry._hooks["sglang.srt.server_args.ServerArgs"]
     assert sum(h is LookaheadServerArgs for _, h, _ in hooks) == 1
     assert sgl_server_args.ServerArgs is LookaheadServerArgs
@@ -197,23 +126,29 @@ def test_spec_algo_answers_the_whole_enum_interface(plugin):
     assert algo.get_num_tokens_per_req_for_target_verify(5, False) == 5
     assert algo.build_disagg_draft_input(None, None, None) is None
     pool = types.SimpleNamespace(req_to_token=torch.zeros(4, 8, dtype=torch.int32))
-    future_map = algo.create_future_map(torch.device("cpu"), pool)
-    assert future_map.spec_algo is algo
+    future_map = algo.create_future_map(torch.device("cpu"), pool, needs_cpu_seq_lens=False)
+    # NGRAM's relay buffers (FutureMap keys them on is_ngram()), and the CPU
+    # seq lens the worker sizes the GPU verify mask with.
+    assert future_map.spec_algo is SpeculativeAlgorithm.NGRAM
+    assert future_map.needs_cpu_seq_lens is True
 
 
-def test_create_worker_requires_overlap_off_and_imports_lazily(plugin, model_dir):
+def test_overlap_is_off_on_cpu_only_and_the_worker_imports_lazily(plugin, model_dir, monkeypatch):
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    algo = SpeculativeAlgorithm.from_string("LOOKAHEAD")
-    raw = _engine_args(model_dir)  # unresolved: overlap still on
-    with pytest.raises(ValueError, match="overlap"):
-        algo.create_worker(raw)
+    import lookahead.server_args as la_args
 
+    algo = SpeculativeAlgorithm.from_string("LOOKAHEAD")
+    # SGLang's rule for its own speculative algorithms: no overlap on CPU.
     resolved = _resolve(_engine_args(model_dir))
     assert _resolved(resolved, "disable_overlap_schedule") is True
+    # Lifted (as the overlap tests do), the overlap schedule stays on.
+    monkeypatch.setattr(la_args, "disable_overlap_on_cpu", lambda sa: None)
+    overlapped = _resolve(_engine_args(model_dir))
+    assert _resolved(overlapped, "disable_overlap_schedule") is False
     if importlib.util.find_spec("lookahead.worker") is None:
         pytest.skip("lookahead.worker is not written yet")
-    worker_cls = algo.create_worker(resolved)
+    worker_cls = algo.create_worker(overlapped)
     assert worker_cls.__name__ == "LookaheadWorker"
     assert worker_cls.__module__ == "lookahead.worker"
 

@@ -28,11 +28,12 @@ def free_port() -> int:
 
 class SGLangServer:
     def __init__(self, model: str, args: Sequence[str], env: Mapping[str, str], log_path: os.PathLike,
-                 port: Optional[int] = None, python: str = sys.executable):
+                 port: Optional[int] = None, python: str = sys.executable,
+                 launcher: Sequence[str] = ("-m", "sglang.launch_server")):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(log_path)
-        self.cmd = [python, "-m", "sglang.launch_server", "--model-path", model,
+        self.cmd = [python, *launcher, "--model-path", model,
                     "--host", "127.0.0.1", "--port", str(self.port), *args]
         self.env = dict(env)
         self.proc: Optional[subprocess.Popen] = None

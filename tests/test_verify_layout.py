@@ -1,0 +1,111 @@
+"""The verify step's layout: widths per batch size, the device-built GPU mask,
+and the shape-only verify input SGLang's graph capture and warm-up get."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lookahead.verify_tiers import FALLBACK_WIDTH, WidthPlan
+from lookahead.verify_tree import ancestor_mask, full_verify_mask
+
+
+def test_width_is_full_up_to_the_max_batch_size_and_one_above():
+    plan = WidthPlan(num_draft_tokens=8, max_batch_size=4, free_width=False)
+    assert [plan.width(bs, longest_draft=2) for bs in (1, 2, 4)] == [8, 8, 8]
+    assert [plan.width(bs, longest_draft=7) for bs in (5, 16, 256)] == [FALLBACK_WIDTH] * 3
+    assert plan.widths == (1, 8)
+    assert plan.graph_batch_sizes(8, [1, 2, 4, 8, 16]) == [1, 2, 3, 4]
+    assert plan.graph_batch_sizes(1, [1, 2, 4, 8, 16]) == [1, 2, 4, 8, 16]
+
+
+def test_free_width_follows_the_longest_draft():
+    plan = WidthPlan(num_draft_tokens=8, max_batch_size=4, free_width=True)
+    assert [plan.width(2, n) for n in (0, 1, 3, 7, 20)] == [1, 2, 4, 8, 8]
+    assert plan.width(5, 7) == 1
+
+
+def test_no_speculation_without_draft_room_or_batch_budget():
+    assert not WidthPlan(1, 4, False).speculates(1)
+    assert not WidthPlan(8, 0, False).speculates(1)
+    assert WidthPlan(8, 0, False).widths == (1,)
+    assert WidthPlan(8, 0, False).width(1, 7) == 1
+
+
+def _host_full_mask(tree: np.ndarray, seq_lens: list, width: int) -> np.ndarray:
+    """The layout NGRAM builds on the host: per request, seq_len ones then its tree rows."""
+    tree = tree.reshape(len(seq_lens), width, width)
+    rows = [np.concatenate([np.ones((width, n), dtype=bool), tree[i]], axis=1).reshape(-1)
+            for i, n in enumerate(seq_lens)]
+    return np.concatenate(rows)
+
+
+@pytest.mark.parametrize("width", [1, 3, 8])
+def test_device_mask_equals_the_host_layout(width):
+    rng = np.random.default_rng(width)
+    seq_lens = [5, 1, 37, 12]
+    parent = np.zeros((len(seq_lens), width), dtype=np.int64)
+    for i in range(1, width):
+        parent[:, i] = rng.integers(0, i, size=len(seq_lens))
+    tree = ancestor_mask(parent).reshape(-1)
+    buffer = torch.zeros(10_000, dtype=torch.bool)
+    got = full_verify_mask(torch.from_numpy(tree), torch.tensor(seq_lens), sum(seq_lens), width, buffer)
+    expected = _host_full_mask(tree, seq_lens, width)
+    assert got.numel() == expected.size
+    assert np.array_equal(got.numpy(), expected)
+    # The tree part really is in it (not just ones): some entries are False.
+    assert width == 1 or not expected.all()
+
+
+@pytest.fixture
+def published(plugin, model_dir):
+    """A LOOKAHEAD server's published config, active in this process."""
+    from sglang.srt.runtime_context import create_context, use_context
+
+    from sglang_args import _engine_args, _resolve
+
+    record = _resolve(_engine_args(model_dir, speculative_num_draft_tokens=6))
+    with use_context(create_context(record, role="scheduler")):
+        yield record
+
+
+def test_capture_and_warmup_inputs_exist_for_lookahead(published):
+    """SGLang builds shape-only verify inputs for its own algorithms only; with
+    the hooks, graph capture and the autotune warm-up get LOOKAHEAD's."""
+    from lookahead import sglang_hooks
+    from lookahead.verify_input import LookaheadVerifyInput
+
+    sglang_hooks.install()
+    from sglang.srt.speculative import spec_info
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    algo = SpeculativeAlgorithm.from_string("LOOKAHEAD")
+    mask = torch.ones(64, dtype=torch.bool)
+    dummy = spec_info.create_dummy_verify_input(algo, mask, 4, False)
+    assert isinstance(dummy, LookaheadVerifyInput)
+    assert dummy.draft_token_num == 4 and dummy.custom_mask is mask
+    # Other algorithms are untouched.
+    assert spec_info.create_dummy_verify_input(SpeculativeAlgorithm.NONE, mask, 4, False) is None
+
+
+def test_a_tier_sees_its_own_width_and_batch_sizes_then_restores(published):
+    """How each GPU tier's backend and graphs are sized: SGLang's own readers
+    see the tier's width and batch sizes inside the override, the server's after."""
+    from sglang.srt.runtime_context import get_exec, get_spec
+
+    from lookahead.verify_tiers import width_override
+
+    graph = get_exec().graph.cuda_graph_config
+    before = (get_spec().speculative_num_draft_tokens, get_spec().speculative_eagle_topk, list(graph.decode.bs))
+    assert before[0] == 6
+    with width_override(6, [1, 2, 3]):
+        assert get_spec().speculative_num_draft_tokens == 6
+        decode = get_exec().graph.cuda_graph_config.decode
+        assert list(decode.bs) == [1, 2, 3] and decode.max_bs == 3
+    with width_override(FALLBACK_WIDTH):
+        assert get_spec().speculative_num_draft_tokens == 1
+        assert get_spec().speculative_eagle_topk == 1
+        assert list(get_exec().graph.cuda_graph_config.decode.bs) == before[2]
+    after = get_exec().graph.cuda_graph_config
+    assert (get_spec().speculative_num_draft_tokens, get_spec().speculative_eagle_topk, list(after.decode.bs)) == before

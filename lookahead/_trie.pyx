@@ -1315,10 +1315,12 @@ cdef inline void _score_children(DraftTree& tree, int32_t parent, double confide
         j = tree.nodes[j].next_sibling
 
 
-cdef void _select(DraftTree& tree, int budget, bint one_branch, double confidence,
-                  vector[int32_t]& frontier, vector[int32_t]& out_tokens,
-                  vector[int32_t]& out_parents) noexcept nogil:
+cdef double _select(DraftTree& tree, int budget, bint one_branch, double confidence,
+                    vector[int32_t]& frontier, vector[int32_t]& out_tokens,
+                    vector[int32_t]& out_parents) noexcept nogil:
     """Pick the draft: the heaviest chain, or the ``budget`` heaviest nodes.
+    Returns the draft's expected accepted tokens: the sum of its nodes' scores,
+    each the estimated probability that the target accepts the path to it.
 
     A node's score never exceeds its parent's, so taking nodes best-first
     from the frontier yields a connected tree whose parents precede children.
@@ -1326,11 +1328,12 @@ cdef void _select(DraftTree& tree, int budget, bint one_branch, double confidenc
     """
     cdef int32_t best, c, i, j
     cdef size_t k
+    cdef double expected = 0.0, score = 1.0
     frontier.clear()
     out_tokens.clear()
     out_parents.clear()
     if budget <= 0 or tree.nodes[0].head < 0:
-        return
+        return 0.0
     if one_branch:
         c = 0
         while <int>out_tokens.size() < budget:
@@ -1343,10 +1346,13 @@ cdef void _select(DraftTree& tree, int budget, bint one_branch, double confidenc
                 j = tree.nodes[j].next_sibling
             if best < 0:
                 break
+            # Scored as a tree's nodes are (_score_children), down the chain.
+            score *= tree.nodes[best].weight / (tree.nodes[c].weight + confidence)
+            expected += score
             out_parents.push_back(<int32_t>out_tokens.size() - 1)
             out_tokens.push_back(tree.nodes[best].token)
             c = best
-        return
+        return expected
     tree.nodes[0].score = 1.0
     _score_children(tree, 0, confidence, frontier)
     while <int>out_tokens.size() < budget and frontier.size() > 0:
@@ -1359,9 +1365,11 @@ cdef void _select(DraftTree& tree, int budget, bint one_branch, double confidenc
         frontier.pop_back()
         tree.nodes[c].slot = <int32_t>out_tokens.size()
         out_tokens.push_back(tree.nodes[c].token)
+        expected += tree.nodes[c].score
         i = tree.nodes[c].parent
         out_parents.push_back(tree.nodes[i].slot if i > 0 else <int32_t>-1)
         _score_children(tree, c, confidence, frontier)
+    return expected
 
 
 cdef inline bint _wants_alternatives(const DraftParams* prm, const DraftState* state, int ctx_len) noexcept nogil:
@@ -1369,11 +1377,13 @@ cdef inline bint _wants_alternatives(const DraftParams* prm, const DraftState* s
     return prm.wildcard_weight > 0 and _not_copying(prm, state) and ctx_len > 1
 
 
-cdef void _draft(NativeStore* local, NativeStore* shared,
-                 const int32_t* ctx, int ctx_len, int budget, bint one_branch,
-                 const DraftParams* prm, DraftState* state, vector[Candidate]& cands,
-                 DraftTree& tree, vector[int32_t]& frontier,
-                 vector[int32_t]& out_tokens, vector[int32_t]& out_parents) noexcept nogil:
+cdef double _draft(NativeStore* local, NativeStore* shared,
+                   const int32_t* ctx, int ctx_len, int budget, bint one_branch,
+                   const DraftParams* prm, DraftState* state, vector[Candidate]& cands,
+                   DraftTree& tree, vector[int32_t]& frontier,
+                   vector[int32_t]& out_tokens, vector[int32_t]& out_parents) noexcept nogil:
+    """Draft into ``out_tokens`` / ``out_parents``; returns the draft's expected
+    accepted tokens (``_select``)."""
     cdef size_t c
     cdef int depth = budget
     # A chain bets on one continuation, and the request's own text is the
@@ -1433,7 +1443,7 @@ cdef void _draft(NativeStore* local, NativeStore* shared,
             _merge_past(local, shared, ctx, ctx_len, skip, depth, one_branch, prm, local_weight, 1.0,
                         cands, tree)
             skip += 1
-    _select(tree, budget, one_branch, prm.confidence, frontier, out_tokens, out_parents)
+    return _select(tree, budget, one_branch, prm.confidence, frontier, out_tokens, out_parents)
 
 
 cdef void _merge_past(NativeStore* local, NativeStore* shared, const int32_t* ctx, int ctx_len, int skip,
@@ -1477,8 +1487,8 @@ cdef class Drafter:
     """Reusable scratch space for drafting; one per thread of callers.
 
     Drafts are returned as ``result_type`` instances, a tuple subclass of
-    (tokens, parents) such as ``lookahead.cache.Draft``, built here: a
-    namedtuple's Python-level constructor cost more than a whole batch's
+    (tokens, parents, expected) such as ``lookahead.cache.Draft``, built here:
+    a namedtuple's Python-level constructor cost more than a whole batch's
     other glue."""
     cdef object result_type
     cdef vector[Candidate] cands
@@ -1494,9 +1504,9 @@ cdef class Drafter:
             raise TypeError(f"result_type must be a tuple subclass, got {result_type!r}")
         self.result_type = result_type
 
-    cdef object _result(self, list tokens, list parents):
-        # tuple.__new__(result_type, (tokens, parents)), without a Python call
-        cdef tuple args = ((tokens, parents),)
+    cdef object _result(self, list tokens, list parents, double expected):
+        # tuple.__new__(result_type, (tokens, parents, expected)), without a Python call
+        cdef tuple args = ((tokens, parents, expected),)
         return PyTuple_Type.tp_new(self.result_type, <PyObject*>args, NULL)
 
     def draft_context(self, TokenStore local, TokenStore shared, object context, int budget,
@@ -1514,25 +1524,26 @@ cdef class Drafter:
             tail = config.p.anchor_gap + config.p.anchor_min + 32
         _read_tokens(context, tail, max_id, self.ctx, "context")
         if self.ctx.size() == 0 or budget <= 0:
-            return self._result([], [])
+            return self._result([], [], 0.0)
         cdef NativeStore* local_s = local.s if local is not None else NULL
         cdef NativeStore* shared_s = shared.s if shared is not None else NULL
         # The request's draft state goes in and out by value, under the GIL.
         cdef DraftState state
+        cdef double expected
         _fresh_state(&state)
         if local is not None:
             state = local.draft_state
         with nogil:
             draft_begin()
-            _draft(local_s, shared_s, self.ctx.data(), self.ctx.size(), budget,
-                   one_branch, &config.p, &state, self.cands, self.tree,
-                   self.frontier, self.out_tokens, self.out_parents)
+            expected = _draft(local_s, shared_s, self.ctx.data(), self.ctx.size(), budget,
+                              one_branch, &config.p, &state, self.cands, self.tree,
+                              self.frontier, self.out_tokens, self.out_parents)
             draft_end()
         if local is not None:
             local.draft_state = state
         self.drafts += 1
         self.drafted += self.out_tokens.size()
-        return self._result(list(self.out_tokens), list(self.out_parents))
+        return self._result(list(self.out_tokens), list(self.out_parents), expected)
 
     def draft_batch(self, list locals_, list shareds, list contexts, int budget,
                     bint one_branch, DraftConfig config, int64_t max_id):

@@ -51,10 +51,14 @@ class Draft(NamedTuple):
     ``parents[i] == -1``: token ``i`` follows the context's last token;
     otherwise it follows token ``parents[i]`` (always an earlier index).  A
     one-branch draft is a chain: ``parents == [-1, 0, 1, ...]``.
+    ``expected``: the tokens the target is expected to accept from it, the
+    sum over its nodes of the trie's estimate that the path to the node is
+    accepted (what the worker weighs a draft's cost against).
     """
 
     tokens: list
     parents: list
+    expected: float = 0.0
 
     def __len__(self) -> int:  # number of draft tokens
         return len(self.tokens)

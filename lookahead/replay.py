@@ -133,7 +133,7 @@ def replay(drafter: baselines.ReplayDrafter, pairs: list, budget: int, trace_nam
         i = 0
         while i < rlen:
             t0 = clock()
-            tokens, parents = drafter.draft(rid, context[: plen + i], budget)
+            tokens, parents = drafter.draft(rid, context[: plen + i], budget)[:2]
             spent += clock() - t0
             advance = min(accepted_length(tokens, parents, response[i:]) + 1, rlen - i)
             t0 = clock()

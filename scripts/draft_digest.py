@@ -37,7 +37,7 @@ class _Fingerprinting:
         self.inner.start(rid, prompt)
 
     def draft(self, rid, context, budget):
-        tokens, parents = self.inner.draft(rid, context, budget)
+        tokens, parents = self.inner.draft(rid, context, budget)[:2]
         self.hashes.append(hash((tuple(tokens), tuple(parents))))
         return tokens, parents
 

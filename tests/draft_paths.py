@@ -35,7 +35,7 @@ def unexplained_paths(draft, context, streams, wildcard_tokens: int = 2) -> list
     last = int(context[-1])
     haystacks = [_joined(s) for s in streams]
     out = []
-    for path in leaf_paths(*draft):
+    for path in leaf_paths(draft[0], draft[1]):
         needle = _joined([last] + path)
         if any(needle in h for h in haystacks):
             continue

@@ -224,7 +224,7 @@ def test_a_small_history_that_wraps_drafts_as_the_reference():
             ctx = live[max(0, end - 12): end]
             for one_branch in (False, True):
                 got = drafter.draft_context(None, store, ctx, 6, one_branch, native, MAX_ID)
-                assert (got.tokens, got.parents) == ref_draft(None, ref, ctx, 6, one_branch, prm)
+                assert (got.tokens, got.parents) == ref_draft(None, ref, ctx, 6, one_branch, prm)[:2]
                 compared += bool(got.tokens)
     assert store.appended > 30 * 256 and store.size == 256 and compared > 300
 
@@ -272,7 +272,7 @@ def test_many_scopes_match_the_reference_under_eviction():
                 cache.synchronize()
                 budget, one_branch = rng.randint(1, 10), rng.random() < 0.3
                 d = cache.draft(r, stream[:pos], budget, one_branch)
-                assert (d.tokens, d.parents) == ref.draft(r, stream[:pos], budget, one_branch)
+                assert (d.tokens, d.parents) == ref.draft(r, stream[:pos], budget, one_branch)[:2]
                 compared += bool(d.tokens)
                 step = rng.randint(1, 4)
                 cache.put_output(r, stream[pos: pos + step])
@@ -318,7 +318,7 @@ def test_deterministic_with_many_scopes():
                             cache.scope_stats()))
     assert results[0] == results[1] == results[2]
     drafts, scopes = results[0]
-    assert sum(bool(t) for t, _ in drafts) > len(drafts) // 2
+    assert sum(bool(d[0]) for d in drafts) > len(drafts) // 2
     used = {kw["scope"] for name, _, kw in calls if name == "put_prompt" and kw["share"]}
     assert 1 < len(scopes) < len(used)  # several histories, and some dropped for the budget
 

@@ -12,6 +12,8 @@ No test measures time; throughput and latency are for ``scripts/bench_trie.py``.
 
 from __future__ import annotations
 
+import math
+
 import contextlib
 import gc
 import io
@@ -184,9 +186,11 @@ def run_against_reference(data, config_kwargs: dict, max_ops: int = 40) -> int:
                     got = [cache.draft(rids[0], as_input(contexts[0], data.draw(kinds)), budget, one_branch=one_branch)]
                 for rid, ctx, d in zip(rids, contexts, got):
                     want = ref.draft(rid, ctx, budget, one_branch)
-                    assert (d.tokens, d.parents) == want, (
+                    assert (d.tokens, d.parents) == want[:2], (
                         f"draft for {rid!r} after {ctx} (budget {budget}, one_branch {one_branch}) "
                         f"differs from the reference: {d} != {want}")
+                    assert math.isclose(d.expected, want[2], rel_tol=1e-9, abs_tol=1e-12), (d, want)
+                    assert 0.0 <= d.expected <= len(d.tokens)
                     check_draft(d, budget, one_branch)
                     if ctx:
                         # Only from its own stream and its scope's (isolation).
@@ -226,7 +230,7 @@ def _replay_against_reference(cfg: LookaheadConfig, requests, seed: int, draft_e
                     budget, one_branch = rng.randint(1, 12), rng.random() < 0.3
                     cache.synchronize()
                     d = cache.draft(rid, stream[: plen + i], budget, one_branch)
-                    assert (d.tokens, d.parents) == ref.draft(rid, stream[: plen + i].tolist(), budget, one_branch)
+                    assert (d.tokens, d.parents) == ref.draft(rid, stream[: plen + i].tolist(), budget, one_branch)[:2]
                     nonempty += bool(d.tokens)
                 compared += 1
                 step = rng.randint(1, 3)
@@ -903,7 +907,7 @@ def test_bad_budget(budget, exc, pattern):
     with _ready_cache() as cache:
         _expect_rejected(cache, lambda: cache.draft("r", [1, 2, 3], budget), exc, pattern)
         _expect_rejected(cache, lambda: cache.batch_draft(["r"], [[1, 2, 3]], budget), exc, pattern)
-        assert cache.draft("r", [1, 2, 3], 0) == ([], [])
+        assert cache.draft("r", [1, 2, 3], 0) == ([], [], 0.0)
         assert cache.draft("r", [1, 2, 3], np.int64(3)) == cache.draft("r", [1, 2, 3], 3)
 
 

@@ -403,18 +403,21 @@ def follow_copy(store: RefStore, ctx: list, prm: Params, weight: float, cands: l
     store.cursor = (last_n, q, heaviest.pos if heaviest is not None else -1)  # draft advances n
 
 
-def select(nodes: list, budget: int, one_branch: bool, confidence: float) -> tuple[list, list]:
-    tokens, parents = [], []
+def select(nodes: list, budget: int, one_branch: bool, confidence: float) -> tuple[list, list, float]:
+    """The draft and its expected accepted tokens: the sum of its nodes' scores."""
+    tokens, parents, expected = [], [], 0.0
     if budget <= 0 or len(nodes) <= 1:
-        return tokens, parents
+        return tokens, parents, expected
     if one_branch:
-        cur = 0
+        cur, score = 0, 1.0
         while len(tokens) < budget and nodes[cur].children:
             best = max(nodes[cur].children, key=lambda j: (nodes[j].weight, -j))
+            score *= nodes[best].weight / (nodes[cur].weight + confidence)
+            expected += score
             parents.append(len(tokens) - 1)
             tokens.append(nodes[best].token)
             cur = best
-        return tokens, parents
+        return tokens, parents, expected
 
     def score_children(p: int) -> None:
         scale = nodes[p].score / (nodes[p].weight + confidence)
@@ -431,20 +434,21 @@ def select(nodes: list, budget: int, one_branch: bool, confidence: float) -> tup
         frontier.remove(best)
         out_index[best] = len(tokens)
         tokens.append(nodes[best].token)
+        expected += nodes[best].score
         parent = nodes[best].parent
         parents.append(out_index[parent] if parent > 0 else -1)
         score_children(best)
-    return tokens, parents
+    return tokens, parents, expected
 
 
 def draft(local: RefStore | None, shared: RefStore | None, context, budget: int, one_branch: bool,
-          prm: Params) -> tuple[list, list]:
+          prm: Params) -> tuple[list, list, float]:
     tail = prm.max_match
     if prm.anchor_window > 0:
         tail = max(tail, prm.anchor_gap + prm.anchor_min + 32)
     ctx = [int(t) for t in list(context)[-tail:]] if prm.max_match > 0 else []
     if not ctx or budget <= 0:
-        return [], []
+        return [], [], 0.0
     nodes = [Node(-1, -1, score=1.0)]
     cands: list[Candidate] = []
     local_weight = prm.chain_local_weight if one_branch else prm.local_weight
@@ -577,7 +581,7 @@ class RefCache:
             scope.store = RefStore(0, True, self.config.orders, self.budget.key_bits)
         scope.store.append(tokens)
 
-    def draft(self, rid, context, budget: int, one_branch: bool = False) -> tuple[list, list]:
+    def draft(self, rid, context, budget: int, one_branch: bool = False) -> tuple[list, list, float]:
         req = self.requests[rid]
         return draft(req.store, self.history(req.scope) if req.share else None, context, budget,
                      one_branch, self.params)

@@ -53,7 +53,7 @@ import dataclasses
 import logging
 import os
 import sys
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import sglang.srt.server_args as _sgl_server_args
 from sglang.srt.arg_groups.arg_utils import A, Arg
@@ -69,6 +69,10 @@ ALGORITHM_NAME = "LOOKAHEAD"
 # the last accepted token (the tree root) plus 7 draft tokens.
 DEFAULT_NUM_DRAFT_TOKENS = 8
 DEFAULT_MAX_BATCH_SIZE = 4
+# --speculative-lookahead-max-batch-size auto: speculation is measured per step
+# at batch sizes up to this bound (the batch sizes its verify graphs cover).
+AUTO = "auto"
+AUTO_MAX_BATCH_SIZE = 32
 
 # Devices whose TARGET_VERIFY path LOOKAHEAD shares with NGRAM (same list as
 # sglang's _handle_ngram).
@@ -97,6 +101,13 @@ def _int_at_least(minimum: int):
 
 _non_negative_int = _int_at_least(0)
 _positive_int = _int_at_least(1)
+
+
+def _batch_size_or_auto(text: str):
+    """An argparse type: ``auto`` or an integer >= 0."""
+    if text.strip().lower() == AUTO:
+        return AUTO
+    return _non_negative_int(text)
 
 
 def _non_empty_path(text: str) -> str:
@@ -143,13 +154,15 @@ class LookaheadServerArgs(_original_server_args_class()):
         ),
     ] = False
     speculative_lookahead_max_batch_size: A[
-        int,
+        Union[int, str],
         Arg(
             help="LOOKAHEAD only. Speculate only while the running decode "
             "batch has at most this many requests; larger batches decode one "
             "token per step (verification costs more than it saves when the "
-            "batch already keeps the hardware busy). 0 never speculates.",
-            type_parser=_non_negative_int,
+            "batch already keeps the hardware busy). 0 never speculates. "
+            f"'auto': decide step by step from the measured cost of a step and "
+            f"the drafts' expected acceptance, at batch sizes up to {AUTO_MAX_BATCH_SIZE}.",
+            type_parser=_batch_size_or_auto,
         ),
     ] = DEFAULT_MAX_BATCH_SIZE
     speculative_lookahead_max_match_len: A[
@@ -249,7 +262,7 @@ class LookaheadArgs:
 
     num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS
     one_branch: bool = False
-    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    max_batch_size: Union[int, str] = DEFAULT_MAX_BATCH_SIZE  # or AUTO
     max_match_len: Optional[int] = None
     memory_mb: Optional[int] = None
     path: Optional[str] = None
@@ -269,10 +282,12 @@ class LookaheadArgs:
             raise ValueError(
                 f"--speculative-one-branch must be a bool, got {self.one_branch!r}"
             )
-        if not is_int(self.max_batch_size) or self.max_batch_size < 0:
+        if isinstance(self.max_batch_size, str) and self.max_batch_size.strip().lower() == AUTO:
+            object.__setattr__(self, "max_batch_size", AUTO)
+        elif not is_int(self.max_batch_size) or self.max_batch_size < 0:
             raise ValueError(
                 "--speculative-lookahead-max-batch-size must be an integer >= 0 "
-                f"(0 never speculates), got {self.max_batch_size!r}"
+                f"(0 never speculates) or '{AUTO}', got {self.max_batch_size!r}"
             )
         for flag, value in (
             ("--speculative-lookahead-max-match-len", self.max_match_len),
@@ -303,9 +318,15 @@ class LookaheadArgs:
         """Draft tokens per request and step (the tree root excluded)."""
         return self.num_draft_tokens - 1
 
-    def speculates(self, batch_size: int) -> bool:
-        """Whether a decode batch of ``batch_size`` requests is verified with drafts."""
-        return self.num_draft_tokens > 1 and 0 < batch_size <= self.max_batch_size
+    @property
+    def adaptive(self) -> bool:
+        """Whether speculation is decided per step (``auto``)."""
+        return self.max_batch_size == AUTO
+
+    @property
+    def speculation_bound(self) -> int:
+        """The largest batch size that may speculate."""
+        return AUTO_MAX_BATCH_SIZE if self.adaptive else self.max_batch_size
 
     def cache_overrides(self) -> dict[str, Any]:
         """Keyword overrides for ``lookahead.LookaheadConfig`` (only the options
@@ -440,7 +461,7 @@ def handle_lookahead_server_args(server_args: Any) -> None:
             "(the width includes the last accepted token): LOOKAHEAD will "
             "verify one token per step, like plain decoding."
         )
-    if args.max_batch_size == 0:
+    if args.speculation_bound == 0:
         logger.warning(
             "--speculative-lookahead-max-batch-size 0: LOOKAHEAD never "
             "speculates and every step decodes one token."
@@ -502,7 +523,7 @@ def handle_lookahead_server_args(server_args: Any) -> None:
         )
 
     # torch_native cannot run TARGET_VERIFY (no tree mask support).
-    if args.max_batch_size > 0:
+    if args.speculation_bound > 0:
         from sglang.srt.arg_groups.model_override_base import attention_backends_of
 
         prefill_backend, decode_backend = attention_backends_of(sa)
@@ -526,7 +547,7 @@ def handle_lookahead_server_args(server_args: Any) -> None:
             )
 
     logger.info(
-        "LOOKAHEAD: num_draft_tokens=%d (%d draft token%s), %s, max_batch_size=%d, "
+        "LOOKAHEAD: num_draft_tokens=%d (%d draft token%s), %s, max_batch_size=%s, "
         "max_match_len=%s, memory_mb=%s, path=%s, isolation=%s",
         n,
         n - 1,

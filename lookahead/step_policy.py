@@ -130,6 +130,16 @@ class StepPolicy:
             ratio = min(4.0, accepted_drafts / expected_drafts)
             self.calibration += self.calibration_smoothing * (ratio - self.calibration)
 
+    def summary(self) -> str:
+        """Steps by decision, and the cost ratio (speculate / single) per batch size."""
+        ratios = []
+        for bs in sorted({b for b, _ in self.costs}):
+            spec, single = self.costs.get((bs, SPECULATE)), self.costs.get((bs, SINGLE))
+            if spec and single and spec.samples and single.samples:
+                ratios.append(f"{bs}:{spec.seconds / single.seconds:.2f}")
+        decisions = ", ".join(f"{k}/{r} {n}" for (k, r), n in sorted(self.decisions.items()))
+        return f"decisions {decisions}; cost ratio by batch size {' '.join(ratios)}; calibration {self.calibration:.2f}"
+
     # -- tensor parallelism ---------------------------------------------------------
 
     def measured_table(self) -> list:

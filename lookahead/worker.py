@@ -23,6 +23,7 @@ for the per-node penalties and the CPU sampling verifier.
 from __future__ import annotations
 
 import atexit
+import collections
 import logging
 import threading
 import time
@@ -47,6 +48,7 @@ from lookahead import sglang_hooks
 from lookahead.cache import Draft, LookaheadCache
 from lookahead.request_feed import RequestFeed
 from lookahead.server_args import get_lookahead_args
+from lookahead.step_policy import StepPolicy
 from lookahead.tree_penalties import reset_counts
 from lookahead.verify_input import LookaheadVerifyInput
 from lookahead.verify_tiers import FALLBACK_WIDTH, VerifyTiers, WidthPlan
@@ -64,6 +66,10 @@ _is_cpu = is_cpu()
 SAVE_DUTY = 10.0
 
 _NO_DRAFT = Draft([], [])
+
+# With --speculative-lookahead-max-batch-size auto and tensor parallelism,
+# every rank adopts rank 0's step costs every this many decode steps.
+POLICY_SYNC_STEPS = 32
 
 
 class LookaheadWorker(NGRAMWorker):
@@ -92,9 +98,15 @@ class LookaheadWorker(NGRAMWorker):
         self._prev_decode_rids: set = set()
         self.grammar_tree_host = None
         self.tp_size = get_parallel().tp_size
-        self.plan = WidthPlan(self.speculative_num_draft_tokens, self.args.max_batch_size, free_width=_is_cpu)
+        self.plan = WidthPlan(self.speculative_num_draft_tokens, self.args.speculation_bound, free_width=_is_cpu)
         self.tiers: Optional[VerifyTiers] = None
-        self._step = None  # (width, reason) of the decode step being run
+        self._step = None  # (width, reason, expected drafts) of the decode step being run
+        # --speculative-lookahead-max-batch-size auto: measured per step.
+        self.policy = StepPolicy(self.args.speculation_bound, local_costs=self.tp_size == 1) \
+            if self.args.adaptive else None
+        self._timed = None  # (batch size, speculated, start) of the last decode step
+        self._expected = collections.deque()  # per decode step awaiting its acceptance: expected drafts
+        self._decode_steps = 0
 
         sglang_hooks.install()  # before the scheduler captures any graph
         self.cache = self._load_cache()
@@ -161,6 +173,10 @@ class LookaheadWorker(NGRAMWorker):
 
     def on_verify_complete_cpu(self, num_correct_drafts_per_req: list, batch_size: int = 0) -> None:
         self.stats.record_accept(num_correct_drafts_per_req)
+        if self.policy is not None and self._expected:
+            expected = self._expected.popleft()  # results arrive in step order
+            if expected:
+                self.policy.record_acceptance(sum(num_correct_drafts_per_req), expected)
 
     def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
         self.feed.finish(rid)
@@ -169,20 +185,39 @@ class LookaheadWorker(NGRAMWorker):
         self.feed.sweep()
         self.draft_token_num = self.speculative_num_draft_tokens
         self._step = None
+        if self.policy is not None:
+            self._time_step(batch)
         if batch.forward_mode.is_extend():
             self.feed.start(batch.reqs)
             reset_counts(batch.reqs)  # a prefill gives the requests fresh penalizer rows
         result = super().forward_batch_generation(batch, on_publish=on_publish, pp_proxy_tensors=pp_proxy_tensors)
         if self._step is not None:
-            width, reason = self._step
+            width, reason, expected = self._step
             # Rows of this step's tokens are `width` wide; what relays to the
             # next step is laid out at the full width, so batches merge.
             result.speculative_output_stride = width
             result.next_draft_input = self._full_width(result.next_draft_input, width)
             self.stats.record_step(width, bool(result.can_run_cuda_graph), reason)
-            self.stats.maybe_log(self.cache.stats)
+            if self.policy is not None:
+                self._expected.append(expected)
+                self._timed = (len(batch.reqs), width > 1, self._timed[2])
+            self.stats.maybe_log(self.cache.stats, self.policy)
         self.draft_token_num = self.speculative_num_draft_tokens
         return result
+
+    def _time_step(self, batch: ScheduleBatch) -> None:
+        """The previous decode step's cost is the time to this one (``StepPolicy``);
+        a prefill in between makes it no decode step's cost."""
+        now = time.perf_counter()
+        if self._timed is not None and self._timed[0] is not None and batch.forward_mode.is_decode():
+            bs, speculated, start = self._timed
+            self.policy.record_cost(bs, speculated, now - start)
+        self._timed = (None, False, now) if batch.forward_mode.is_decode() else None
+        if batch.forward_mode.is_decode() and self.tp_size > 1:
+            self._decode_steps += 1
+            if self._decode_steps % POLICY_SYNC_STEPS == 0:
+                # Every rank decides from rank 0's measurements, adopted at the same step.
+                self.policy.adopt(get_parallel().tp_group.broadcast_object(self.policy.measured_table(), src=0))
 
     def _update_ngram_corpus(self, batch: ScheduleBatch):
         # The trie is fed before drafting (_prepare_draft_tokens), not after verify.
@@ -208,23 +243,25 @@ class LookaheadWorker(NGRAMWorker):
         with the width and reason recorded in ``self._step``."""
         bs = len(batch.reqs)
         pending = self._pending_tokens(batch)
-        drafts = None
-        if self.plan.speculates(bs):
-            contexts = [self._context(req, pending[i] if pending is not None else ()) for i, req in
-                        enumerate(batch.reqs)]
-            roots = [c[-1] for c in contexts]
+        # "fallback": above the max batch size nothing is drafted; outputs
+        # reach the trie when speculation resumes, or when the request ends.
+        reason, drafts, expected = "fallback", None, None
+        if self.plan.speculates(bs) and (self.policy is None or self.policy.wants_drafts(bs)):
+            contexts = [self._context(req, pending[i] if pending is not None else ())
+                        for i, req in enumerate(batch.reqs)]
             drafts = self._draft(batch, contexts, pending)
+            expected = sum(d.expected for d in drafts) if drafts is not None else 0.0
             reason = "verify" if drafts is not None else "no_draft"
-        else:
-            # No drafting cost: outputs reach the trie when speculation
-            # resumes, or when the request ends.
-            roots = [self._last_token(req, pending[i] if pending is not None else ()) for i, req in
-                     enumerate(batch.reqs)]
-            reason = "fallback"
-        drafts = drafts or [_NO_DRAFT] * bs
-        width = self.plan.width(bs, max(len(d) for d in drafts))
-        trees = pack_drafts(drafts, roots, width)
-        self._step = (width, reason)
+        if self.policy is not None:
+            decision = self.policy.decide(bs, expected)
+            reason = decision.reason
+            if not decision.speculate:
+                drafts = None
+        roots = [self._last_token(req, pending[i] if pending is not None else ())
+                 for i, req in enumerate(batch.reqs)]
+        width = self.plan.width(bs, max(len(d) for d in drafts) if drafts is not None else 0)
+        trees = pack_drafts(drafts or [_NO_DRAFT] * bs, roots, width)
+        self._step = (width, reason, expected if drafts is not None else None)
         self._penalty_uncounted = None
         if getattr(batch.sampling_info, sglang_hooks.PENALTY_SNAPSHOT_ATTR, None) is not None:
             self._penalty_uncounted = self._uncounted(batch, pending)

@@ -5,7 +5,9 @@ tier (``verify``: wider than one token; ``single``: the last committed token
 alone, a plain decode step on the verify path) and how it ran (a CUDA-graph
 replay or eagerly); and by reason (``verify``: drafted; ``no_draft``: nothing
 matched; ``fallback``: the batch is larger than
-``--speculative-lookahead-max-batch-size``, so nothing was drafted).
+``--speculative-lookahead-max-batch-size``, so nothing was drafted; with
+``auto``, the decision's reason: ``pays``, ``does_not_pay``, ``explore``,
+``no_draft``, ``too_large``).
 Acceptance is recorded from the CPU copy the scheduler already makes, so
 keeping these figures costs no device synchronisation.
 """
@@ -77,18 +79,20 @@ class StepStats:
             "drafted_tokens": self.drafted_tokens,
         }
 
-    def maybe_log(self, cache_stats_fn) -> None:
+    def maybe_log(self, cache_stats_fn, policy=None) -> None:
         now = time.monotonic()
         if now - self._last_log < self.log_interval_s or not self._window:
             return
         w, self._window = self._window, Counter()
         self._last_log = now
         trie = cache_stats_fn()
-        window_al = w["accepted"] / w["req_steps"] if w["req_steps"] else 0.0
+        accepted, req_steps = w.pop("accepted", 0), w.pop("req_steps", 0)
+        window_al = accepted / req_steps if req_steps else 0.0
         logger.info(
-            "LOOKAHEAD: steps verify=%d fallback=%d no-draft=%d, accept len %.2f (overall %.2f), "
-            "paths %s, draft %.1f us/call, trie %.1f MiB, %d shared tokens, %d live requests",
-            w["verify"], w["fallback"], w["no_draft"], window_al, self.accept_length,
+            "LOOKAHEAD: steps by reason %s, accept len %.2f (overall %.2f), "
+            "paths %s, draft %.1f us/call, trie %.1f MiB, %d shared tokens, %d live requests%s",
+            dict(w), window_al, self.accept_length,
             dict(self.paths), 1e6 * self.draft_seconds / max(self.draft_calls, 1),
             trie["total_bytes"] / 2**20, trie["shared_tokens"], trie["active_requests"],
+            "" if policy is None else f"; auto: {policy.summary()}",
         )

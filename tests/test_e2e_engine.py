@@ -57,6 +57,10 @@ def runs(tiny_model, cpu_subprocess_env, tmp_path_factory):
             name = f"w{width}-{'chain' if one_branch else 'tree'}"
             spec["runs"].append({"name": name, "engine": _lookahead(width, one_branch), "sampling": GREEDY,
                                  "groups": groups})
+    # Speculation decided per step from measured costs, across the same batches.
+    spec["runs"].append({"name": "auto", "engine": {**_lookahead(8, False),
+                                                   "speculative_lookahead_max_batch_size": "auto"},
+                         "sampling": GREEDY, "groups": groups})
     spec["runs"].append({"name": "sampled", "engine": _lookahead(4, False), "sampling": SAMPLED,
                          "groups": [[0, 1, 2, 3], [4]]})
     tmp = tmp_path_factory.mktemp("e2e")
@@ -115,6 +119,14 @@ def test_acceptance_on_copy_heavy_prompt(runs):
     out = runs["runs"]["w8-tree"]["outputs"][str(loop_prompt)]
     assert out["spec_verify_ct"] > 0
     assert out["spec_accept_length"] > 1.5, out
+
+
+def test_auto_cut_off_is_lossless(runs):
+    plain, auto = runs["runs"]["plain"]["outputs"], runs["runs"]["auto"]["outputs"]
+    assert set(auto) == set(plain)
+    for i in plain:
+        assert auto[i]["output_ids"] == plain[i]["output_ids"], f"prompt {i} differs from plain decoding"
+    assert max(o["spec_accept_length"] for o in auto.values()) > 1.5
 
 
 def test_plain_decoding_reports_no_verify_steps(runs):

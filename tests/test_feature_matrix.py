@@ -27,6 +27,7 @@ CONFIGS = {
     "tree": ["--speculative-num-draft-tokens", "8"],
     "chain": ["--speculative-num-draft-tokens", "4", "--speculative-one-branch"],
     "overlap": ["--speculative-num-draft-tokens", "8"],
+    "auto": ["--speculative-num-draft-tokens", "8", "--speculative-lookahead-max-batch-size", "auto"],
 }
 
 
@@ -108,13 +109,23 @@ def test_speculation_ran_on_the_intended_paths(lookahead):
     from test_e2e_server import _metric
 
     m = lookahead["metrics"]
-    assert _metric(m, "sglang:lookahead_steps_total", reason="verify") > 0
-    # The 16 concurrent requests pushed the batch above the max batch size...
-    assert _metric(m, "sglang:lookahead_steps_total", reason="fallback") > 0
-    # ... where every step verified the root alone, and nothing ran on graphs on CPU.
-    assert _metric(m, "sglang:lookahead_steps_total", path="verify-eager", reason="fallback") == 0
+    steps = lambda **labels: _metric(m, "sglang:lookahead_steps_total", **labels)  # noqa: E731
+    assert steps() > 0
+    # Nothing runs on graphs on CPU.
     for path in ("verify-graph", "single-graph"):
-        assert _metric(m, "sglang:lookahead_steps_total", path=path) == 0
+        assert steps(path=path) == 0
+    if lookahead["name"] == "auto":
+        # Decided per step: it speculated where that paid, and measured both options.
+        assert steps(path="verify-eager", reason="pays") > 0
+        assert steps(reason="explore") > 0
+        for reason in ("does_not_pay", "too_large", "no_draft"):
+            assert steps(path="verify-eager", reason=reason) == 0
+    else:
+        assert steps(path="verify-eager", reason="verify") > 0
+        # The 16 concurrent requests pushed the batch above the max batch size,
+        # where every step verified the root alone.
+        assert steps(reason="fallback") > 0
+        assert steps(path="verify-eager", reason="fallback") == 0
     assert _metric(m, "sglang:lookahead_accept_length_sum") > _metric(m, "sglang:lookahead_accept_length_count")
 
 

@@ -198,12 +198,18 @@ def test_cli_parses_the_options(plugin, model_dir, tmp_path):
     assert get_lookahead_args(defaults).isolation == "salt"
     assert get_lookahead_args(defaults).cache_overrides() == {}
 
+    auto = prepare_server_args(["--model-path", model_dir, "--speculative-algorithm", "LOOKAHEAD",
+                                "--speculative-lookahead-max-batch-size", "auto"])
+    assert auto.speculative_lookahead_max_batch_size == "auto"
+    assert get_lookahead_args(auto).adaptive
+
 
 @pytest.mark.parametrize(
     "flag, value, message",
     [
         ("--speculative-lookahead-max-batch-size", "-1", "must be >= 0, got -1"),
         ("--speculative-lookahead-max-batch-size", "two", "expected an integer"),
+        ("--speculative-lookahead-max-batch-size", "automatic", "expected an integer"),
         ("--speculative-lookahead-max-match-len", "0", "must be >= 1, got 0"),
         ("--speculative-lookahead-memory-mb", "0", "must be >= 1, got 0"),
         ("--speculative-lookahead-path", " ", "must be a non-empty file path"),
@@ -385,8 +391,11 @@ def test_accessor_follows_record_pickle_and_published_bag(plugin, model_dir, tmp
         RequestFeed(None, isolation="tenant")
 
     assert expected.draft_budget == 5
-    assert [expected.speculates(bs) for bs in (0, 1, 3, 4)] == [False, True, True, False]
-    assert not LookaheadArgs(num_draft_tokens=1).speculates(1)
+    assert expected.speculation_bound == 3 and not expected.adaptive
+    auto = LookaheadArgs(max_batch_size="Auto")
+    assert auto.adaptive and auto.max_batch_size == "auto" and auto.speculation_bound == 32
+    with pytest.raises(ValueError, match="integer >= 0 .* or 'auto'"):
+        LookaheadArgs(max_batch_size="sometimes")
 
 
 def test_documented_defaults_match_the_cache(plugin):

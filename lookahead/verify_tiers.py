@@ -5,8 +5,9 @@ width (tokens per request, the last committed token included) is:
 
 * ``--speculative-num-draft-tokens`` N while the batch has at most
   ``--speculative-lookahead-max-batch-size`` B requests;
-* 1 above B: the root alone, which is a plain decode step on the verify path,
-  so logprobs, grammar and the scheduler's bookkeeping never change shape.
+* 1 above B, or when nothing was drafted: the root alone, which is a plain
+  decode step on the verify path, so logprobs, grammar and the scheduler's
+  bookkeeping never change shape.
 
 On CPU the width of a speculating step is free: 1 + the longest draft of the
 batch, since the CPU backend reads it per batch and padding costs compute.
@@ -51,8 +52,10 @@ class WidthPlan:
         return self.num_draft_tokens > 1 and 0 < batch_size <= self.max_batch_size
 
     def width(self, batch_size: int, longest_draft: int) -> int:
-        """The step's verify width, given the longest draft of the batch."""
-        if not self.speculates(batch_size):
+        """The step's verify width, given the longest draft of the batch: the
+        root alone when nothing was drafted (the width-1 tier has graphs at
+        every batch size, and is the cheaper forward)."""
+        if not self.speculates(batch_size) or longest_draft <= 0:
             return FALLBACK_WIDTH
         if self.free_width:
             return max(FALLBACK_WIDTH, min(self.num_draft_tokens, 1 + longest_draft))

@@ -14,6 +14,7 @@ from lookahead.verify_tree import ancestor_mask, full_verify_mask
 def test_width_is_full_up_to_the_max_batch_size_and_one_above():
     plan = WidthPlan(num_draft_tokens=8, max_batch_size=4, free_width=False)
     assert [plan.width(bs, longest_draft=2) for bs in (1, 2, 4)] == [8, 8, 8]
+    assert plan.width(2, longest_draft=0) == FALLBACK_WIDTH  # nothing drafted: the root alone
     assert [plan.width(bs, longest_draft=7) for bs in (5, 16, 256)] == [FALLBACK_WIDTH] * 3
     assert plan.widths == (1, 8)
     assert plan.graph_batch_sizes(8, [1, 2, 4, 8, 16]) == [1, 2, 3, 4]

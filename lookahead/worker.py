@@ -126,9 +126,10 @@ class LookaheadWorker(NGRAMWorker):
         if self.args.path:
             atexit.register(self.save_trie, False)  # at exit: a blocking save
         logger.info(
-            "LOOKAHEAD worker: verify width %d (%s), speculating at batch sizes 1..%d, overlap %s, trie %s",
+            "LOOKAHEAD worker: verify width %d (%s), speculating at batch sizes 1..%d%s, overlap %s, trie %s",
             self.speculative_num_draft_tokens, "one branch" if self.args.one_branch else "tree",
-            self.args.max_batch_size, "on" if self.enable_overlap else "off", self.cache.config,
+            self.args.speculation_bound, " where measured to pay (auto)" if self.args.adaptive else "",
+            "on" if self.enable_overlap else "off", self.cache.config,
         )
 
     # -- SGLang worker interface ------------------------------------------------

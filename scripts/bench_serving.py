@@ -1,7 +1,8 @@
 """LOOKAHEAD against plain decoding and NGRAM, measured with ``sglang.bench_serving``.
 
 For each configuration (plain with and without overlap scheduling, NGRAM,
-LOOKAHEAD one-branch and multi-branch) this starts a server, runs
+LOOKAHEAD with its default cut-off of batch size 4 and with ``auto``; LOOKAHEAD
+one-branch on request) this starts a server, runs
 ``python -m sglang.bench_serving`` at each concurrency on a local
 ShareGPT-format file, and stops the server. LOOKAHEAD's servers run with
 ``--enable-metrics``; after each run the script reads which path its decode
@@ -41,7 +42,10 @@ CONFIGS = {
     "ngram": ["--speculative-algorithm", "NGRAM"],
     "lookahead-1b": ["--speculative-algorithm", "LOOKAHEAD", "--speculative-one-branch"],
     "lookahead": ["--speculative-algorithm", "LOOKAHEAD"],
+    "lookahead-auto": ["--speculative-algorithm", "LOOKAHEAD", "--speculative-lookahead-max-batch-size", "auto"],
 }
+# What runs unless --configs says otherwise: the one-branch server is for --configs.
+DEFAULT_CONFIGS = ("plain", "plain-sync", "ngram", "lookahead", "lookahead-auto")
 
 
 def log(*args) -> None:
@@ -125,17 +129,21 @@ def reference(config: str, device: str):
 def markdown(results: list[dict], device: str) -> str:
     by_key = {(r["config"], r["concurrency"]): r for r in results}
     lines = ["| config | concurrency | median TPOT (ms) | TPOT ratio | output tok/s | tok/s ratio | "
-             "accept length | steps by path/reason |",
-             "|---|---|---|---|---|---|---|---|"]
+             "tok/s vs best of plain and NGRAM | accept length | steps by path/reason |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         ref = reference(r["config"], device)
         p = by_key.get((ref, r["concurrency"]))
         tpot_ratio = f"{r['median_tpot_ms'] / p['median_tpot_ms']:.2f}x {ref}" if p else ""
         tput_ratio = f"{r['output_throughput'] / p['output_throughput']:.2f}x {ref}" if p else ""
+        best = max((q for q in (p, by_key.get(("ngram", r["concurrency"]))) if q is not None),
+                   key=lambda q: q["output_throughput"], default=None)
+        vs_best = (f"{r['output_throughput'] / best['output_throughput']:.2f}x {best['config']}"
+                   if best is not None and r["config"].startswith("lookahead") else "")
         al = f"{r['accept_length']:.2f}" if r.get("accept_length") else "-"
         steps = ", ".join(f"{k} {int(v)}" for k, v in sorted(r.get("steps", {}).items()) if v)
         lines.append(f"| {r['config']} | {r['concurrency']} | {r['median_tpot_ms']:.2f} | {tpot_ratio} | "
-                     f"{r['output_throughput']:.1f} | {tput_ratio} | {al} | {steps} |")
+                     f"{r['output_throughput']:.1f} | {tput_ratio} | {vs_best} | {al} | {steps} |")
     return "\n".join(lines)
 
 
@@ -168,8 +176,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model-path", default=None, help="default: the tiny local model (built if absent)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--configs", default=",".join(CONFIGS), help=f"subset of {','.join(CONFIGS)}")
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), help=f"subset of {','.join(CONFIGS)}")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     ap.add_argument("--prompts-per-concurrency", type=int, default=3,
                     help="requests per run = this x concurrency (at least 8)")
     ap.add_argument("--output-len", type=int, default=128)
@@ -187,7 +195,8 @@ def main(argv=None) -> int:
 
         env = cpu_env()
         env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(REPO)])
-        base_args = cpu_server_args(max_running_requests=max(args.concurrency), max_total_tokens=32768)
+        base_args = cpu_server_args(max_running_requests=max(args.concurrency),
+                                    max_total_tokens=max(32768, 2048 * max(args.concurrency)))
         model = args.model_path
         if model is None:
             from lookahead.testing.tiny_model import build_tiny_model
@@ -204,6 +213,9 @@ def main(argv=None) -> int:
     n_max = max(8, args.prompts_per_concurrency * max(args.concurrency))
     build_dataset(dataset, n_max)
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown:
+        ap.error(f"unknown config(s) {unknown}; choose from {', '.join(CONFIGS)}")
     results = []
     total = len(configs) * len(args.concurrency)
     done = 0

@@ -80,7 +80,7 @@ def test_registered_ops_and_stubs(shim):
     with pytest.raises(NotImplementedError):
         causal_conv1d_fn_cpu()
     with pytest.raises(NotImplementedError):
-        shim.build_tree_kernel_efficient_cpu()
+        shim.rotate_input_ids_cpu()
     ops.initialize(1, 0)
     assert isinstance(ops.init_cpu_threads_env("0"), str)
 
@@ -453,6 +453,101 @@ def test_verify_tree_greedy(shim, seed):
         for i in range(n):
             expect = target[b, i].item() if i in path else -7
             assert predicts[b * n + i].item() == expect
+
+
+def _eagle_draft_tree(bs, topk, steps, n, gen):
+    """EAGLE's candidate bookkeeping (``select_top_k_tokens`` and
+    ``organize_draft_results`` in sglang) on random draft probabilities:
+    ``(parent_list, top_scores_index, parent candidate of every candidate)``."""
+    p = torch.rand(bs, topk, generator=gen)
+    scores, score_list, parents_list = p, [p.unsqueeze(1)], [torch.arange(-1, topk).expand(bs, -1)]
+    owner = {c: -1 for c in range(topk)}  # candidate -> its parent candidate (-1: the root)
+    for i in range(1, steps):
+        expand = scores.unsqueeze(2) * torch.rand(bs, topk, topk, generator=gen)
+        scores, cs = torch.topk(expand.flatten(1), topk, dim=-1)
+        score_list.append(expand)
+        parents_list.append(cs + topk * topk * (i - 1) + topk)
+    flat = torch.cat(score_list, dim=1).flatten(1)
+    top = torch.sort(torch.topk(flat, n - 1, dim=-1).indices).values
+    parent_list = torch.cat(parents_list[:-1], dim=1) if steps > 1 else torch.empty(bs, 0, dtype=torch.long)
+    return parent_list.contiguous(), top, owner
+
+
+def _triton_build_tree():
+    """SGLang's Triton ``sgl_build_tree_kernel_triton`` from the installed
+    source, compiled for the Triton interpreter (CPU), or None without triton."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return None
+    import enum
+    import os
+
+    spec = importlib.util.find_spec("sglang")
+    src = Path(spec.submodule_search_locations[0]) / "kernels" / "ops" / "speculative" / "spec_tree.py"
+    tree = ast.parse(src.read_text())
+    wanted = {"TreeMaskMode", "sgl_build_tree_kernel_efficient_triton", "sgl_build_tree_kernel_triton"}
+    body = [node for node in tree.body if getattr(node, "name", None) in wanted]
+    assert len(body) == 3, "sglang's Triton tree kernel moved"
+    import triton
+    import triton.language as tl
+
+    namespace = {"torch": torch, "triton": triton, "tl": tl, "IntEnum": enum.IntEnum}
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        exec(compile(ast.Module(body=body, type_ignores=[]), str(src), "exec"), namespace)
+    finally:
+        if old is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+    return namespace["sgl_build_tree_kernel_triton"]
+
+
+@pytest.mark.parametrize("mode", [0, 1])  # TreeMaskMode.FULL_MASK, QLEN_ONLY
+@pytest.mark.parametrize("topk,steps,n", [(1, 3, 4), (1, 1, 2), (2, 3, 5), (4, 3, 8), (4, 5, 16), (8, 2, 8)])
+def test_build_tree_kernel_matches_sglang_triton_kernel(shim, mode, topk, steps, n):
+    """EAGLE's tree building against SGLang's own Triton kernel, run on CPU
+    by the Triton interpreter, on EAGLE-shaped candidate trees."""
+    reference = _triton_build_tree()
+    if reference is None:
+        pytest.skip("triton is not importable")
+    gen = torch.Generator().manual_seed(100 * topk + 10 * steps + n + mode)
+    bs = 3
+    seq = torch.tensor([5, 1, 9])
+    parent_list, top, _ = _eagle_draft_tree(bs, topk, steps, n, gen)
+    outs = []
+    for fn in (reference, shim.build_tree_kernel_efficient_cpu):
+        size = int(seq.sum()) * n + n * n * bs if mode == 0 else n * n * bs
+        mask = torch.full((size,), True)
+        links = torch.full((3, bs, n), -1, dtype=torch.long)
+        pos = torch.empty(bs * n, dtype=torch.long)
+        fn(parent_list, top, seq, mask, pos, links[0], links[1], links[2], topk, steps, n, mode)
+        outs.append((mask, pos, links))
+    (m_ref, p_ref, l_ref), (m_cpu, p_cpu, l_cpu) = outs
+    assert torch.equal(l_cpu, l_ref)
+    assert torch.equal(p_cpu, p_ref)
+    assert torch.equal(m_cpu, m_ref)
+    # And what the layout means: the QLEN_ONLY rows are each node's ancestor set.
+    if mode == 1:
+        anc = m_cpu.view(bs, n, n)
+        depth = anc.sum(-1) - 1
+        assert torch.equal(p_cpu.view(bs, n), depth + seq[:, None])
+        for b in range(bs):
+            for i in range(1, n):
+                kids = [k for k in range(1, n) if anc[b, k].sum() == anc[b, i].sum() + 1 and anc[b, k, i]]
+                assert (l_cpu[1, b, i].item() == -1) == (not kids)
+                if kids:
+                    assert l_cpu[1, b, i].item() == min(kids)
+
+
+def test_build_tree_kernel_rejects_bitpacking(shim):
+    with pytest.raises(NotImplementedError):
+        shim.build_tree_kernel_efficient_cpu(
+            torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long), torch.tensor([3]),
+            torch.zeros(2, dtype=torch.uint8), torch.empty(2, dtype=torch.long),
+            *torch.full((3, 1, 2), -1, dtype=torch.long), 1, 1, 2, 2)
 
 
 def test_fill_bonus_and_accept_out_cache_loc(shim):

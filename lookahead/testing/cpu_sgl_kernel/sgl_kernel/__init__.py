@@ -29,6 +29,7 @@ from .sampling import (
     tree_speculative_sampling_target_only,
 )
 from .speculative import (
+    build_tree_kernel_efficient_cpu,
     fill_accept_out_cache_loc_cpu,
     fill_bonus_tokens_cpu,
     reconstruct_indices_from_tree_mask,
@@ -40,6 +41,7 @@ __all__ = [
     "assign_extend_cache_locs_cpu",
     "assign_req_to_token_pool_cpu",
     "build_draft_decode_metadata_cpu",
+    "build_tree_kernel_efficient_cpu",
     "copy_all_layer_kv_cache_cpu",
     "fill_accept_out_cache_loc_cpu",
     "fill_bonus_tokens_cpu",

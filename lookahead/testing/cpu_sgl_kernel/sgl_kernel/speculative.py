@@ -145,3 +145,108 @@ def fill_accept_out_cache_loc_cpu(
         flat = flat[:size]
     src = flat[flat > -1].long()
     accept_out_cache_loc[: src.numel()] = out_cache_loc[src].to(accept_out_cache_loc.dtype)
+
+
+# TreeMaskMode values (sglang/kernels/ops/speculative/spec_tree.py).
+_FULL_MASK, _QLEN_ONLY, _QLEN_ONLY_BITPACKING = 0, 1, 2
+
+
+def build_tree_kernel_efficient_cpu(
+    parent_list: torch.Tensor,
+    selected_index: torch.Tensor,
+    verified_seq_len: torch.Tensor,
+    tree_mask: torch.Tensor,
+    positions: torch.Tensor,
+    retrive_index: torch.Tensor,
+    retrive_next_token: torch.Tensor,
+    retrive_next_sibling: torch.Tensor,
+    topk: int,
+    depth: int,
+    draft_token_num: int,
+    tree_mask_mode: int,
+) -> None:
+    """EAGLE's draft tree, in place: the contract of SGLang's Triton
+    ``sgl_build_tree_kernel_efficient_triton`` (``spec_tree.py``), which
+    ``tests/test_cpu_kernels.py`` runs under ``TRITON_INTERPRET=1`` as the reference.
+
+    Per request ``b`` the verify tree has ``n = draft_token_num`` nodes: node 0
+    is the last committed token, node ``i >= 1`` the draft candidate
+    ``selected_index[b, i - 1]`` (an index into EAGLE's candidate list). A
+    candidate ``c``'s parent is the root when ``c // topk == 0``, else the
+    candidate ``parent_list[b, c // topk]``, found among the selected ones (not
+    found: the walk stops there, as in the kernel). Fills, like the kernel:
+
+    * ``retrive_index[b, i] = b * n + i``; ``retrive_next_token`` (first child)
+      and ``retrive_next_sibling`` (next child of the same parent), children in
+      ascending node order; entries without a link are left as they are (the
+      caller fills them with -1);
+    * ``positions[b * n + i] = seq_len[b] + depth of i`` (the walk is cut at
+      ``depth`` steps);
+    * ``tree_mask``: per node row, the root and the node's ancestors on the
+      path (``1``), the other tree columns ``0``; the ``FULL_MASK`` row is
+      ``seq_len + n`` wide with the prefix columns left as they are, the
+      ``QLEN_ONLY`` row ``n`` wide.
+    """
+    mode = int(tree_mask_mode)
+    if mode == _QLEN_ONLY_BITPACKING:
+        raise NotImplementedError("QLEN_ONLY_BITPACKING is not implemented by the CPU shim (nor by the Triton kernel)")
+    if mode not in (_FULL_MASK, _QLEN_ONLY):
+        raise ValueError(f"unknown tree_mask_mode {tree_mask_mode}")
+    n = draft_token_num
+    bs = verified_seq_len.shape[0]
+    seq = [int(x) for x in verified_seq_len.tolist()]
+    parents = parent_list.reshape(bs, -1).tolist() if parent_list.numel() else [[] for _ in range(bs)]
+    selected = selected_index.reshape(bs, -1).tolist()
+    mask = tree_mask.view(-1)
+    nxt = retrive_next_token.view(bs, n)
+    sib = retrive_next_sibling.view(bs, n)
+    pos = positions.view(-1)
+    prefix = 0
+    for b in range(bs):
+        sel = selected[b][: n - 1]
+
+        def parent_slot(slot: int):
+            """The selected-list slot of the parent of ``sel[slot]``: -1 for
+            the root, None when the parent was not selected."""
+            tb = sel[slot] // topk
+            if tb == 0:
+                return -1
+            token = parents[b][tb]
+            for cp, s in enumerate(sel):
+                if s == token:
+                    return cp
+            return None
+
+        for i in range(n - 1, 0, -1):
+            retrive_index[b, i] = b * n + i
+            p = parent_slot(i - 1)
+            if p is None:
+                continue
+            parent_node = p + 1
+            first = int(nxt[b, parent_node])
+            nxt[b, parent_node] = i
+            if first != -1:
+                sib[b, i] = first
+        retrive_index[b, 0] = b * n
+
+        s = seq[b]
+        pos[b * n] = s
+        for x in range(n):
+            if mode == _FULL_MASK:
+                row = n * n * b + prefix * n + (s + n) * x + s
+            else:
+                row = n * n * b + n * x
+            mask[row] = True
+            mask[row + 1: row + n] = False
+            if x == 0:
+                continue
+            cur, d = x - 1, 0
+            for _ in range(depth):
+                d += 1
+                mask[row + 1 + cur] = True
+                p = parent_slot(cur)
+                if p is None or p == -1:
+                    break
+                cur = p
+            pos[b * n + x] = s + d
+        prefix += s

@@ -19,7 +19,6 @@ import torch
 # ``from sgl_kernel[.sub] import X`` in sglang's CPU branches (module level).
 PYTHON_STUBS = {
     "sgl_kernel": [
-        "build_tree_kernel_efficient_cpu",  # EAGLE tree building
         "rotate_input_ids_cpu",  # multi-layer EAGLE
     ],
     "sgl_kernel.mamba": [  # hybrid linear-attention models (Qwen3-Next, Kimi)

@@ -85,3 +85,47 @@ class LookaheadMetrics:
         if new > 0:
             self.prompt_tokens.labels(**self._labels).inc(new)
             self._prompt_tokens_seen = stats["prompt_tokens"]
+
+
+class HybridMetrics:
+    """Prometheus metrics of the hybrid (EAGLE + ``--speculative-lookahead-hybrid``),
+    fed from ``lookahead.hybrid_stats.HybridStats`` events."""
+
+    def __init__(self, labels: dict):
+        from prometheus_client import Counter, Histogram
+
+        names = list(labels)
+        self._labels = labels
+        self.requests = Counter(
+            "sglang:lookahead_hybrid_request_steps",
+            "Request-steps by the source of the tree each verified (trie, eagle, merged).",
+            names + ["source"],
+        )
+        self.accept_length = Histogram(
+            "sglang:lookahead_hybrid_accept_length",
+            "Tokens committed per request per decode step, by the source of its verified tree.",
+            names + ["source"], buckets=ACCEPT_LENGTH_BUCKETS,
+        )
+        self.eagle_steps = Counter(
+            "sglang:lookahead_hybrid_eagle_steps",
+            "Decode steps on which EAGLE's draft model ran (drafted) or was skipped "
+            "(every request of the batch had a strong trie draft).",
+            names + ["action"],
+        )
+        self.trie_seconds = Histogram(
+            "sglang:lookahead_hybrid_trie_draft_seconds",
+            "Host time spent drafting from the trie, per decode step (whole batch).",
+            names, buckets=DRAFT_SECONDS_BUCKETS,
+        )
+
+    def __call__(self, event: str, **fields) -> None:
+        labels = self._labels
+        if event == "step":
+            self.eagle_steps.labels(**labels, action="drafted" if fields["eagle_ran"] else "skipped").inc()
+            for source in fields["sources"]:
+                self.requests.labels(**labels, source=source).inc()
+        elif event == "accept":
+            for source, n in zip(fields["sources"], fields["num_correct_drafts_per_req"]):
+                self.accept_length.labels(**labels, source=source).observe(n + 1)
+        elif event == "trie":
+            self.trie_seconds.labels(**labels).observe(fields["seconds"])

@@ -142,6 +142,28 @@ def _worker_factory(server_args: "ServerArgs") -> Type:
     return LookaheadWorker
 
 
+_worker_hook_registered = False
+
+
+def _hybrid_worker_class(original, self, server_args):
+    """``SpeculativeAlgorithm.create_worker`` (AROUND): EAGLE's worker class,
+    or with ``--speculative-lookahead-hybrid`` its subclass that drafts from
+    the trie too (``lookahead.hybrid_worker``). The algorithm keeps its name,
+    so everything else SGLang keys on EAGLE stays EAGLE's."""
+    cls = original(self, server_args)
+    if not _args.hybrid_enabled(server_args) or getattr(self, "name", None) not in _args.HYBRID_ALGORITHMS:
+        return cls
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    from lookahead.hybrid_worker import LookaheadHybridWorker
+
+    if cls is not EAGLEWorkerV2:
+        raise ValueError(
+            f"--speculative-lookahead-hybrid builds on SGLang's EAGLE worker (EAGLEWorkerV2); "
+            f"this configuration selects {cls.__name__}")
+    return LookaheadHybridWorker
+
+
 def _is_registered() -> bool:
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
@@ -191,6 +213,18 @@ def register() -> None:
         logger.debug("Registered speculative algorithm %s", ALGORITHM_NAME)
 
     _args.install()
+
+    # Overrides: SpeculativeAlgorithm.create_worker (AROUND), the worker class
+    # the scheduler builds. Why: --speculative-lookahead-hybrid keeps the
+    # algorithm EAGLE/EAGLE3 and swaps in EAGLE's worker subclass; every other
+    # algorithm and configuration gets SGLang's own class.
+    global _worker_hook_registered
+    if not _worker_hook_registered:
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+        HookRegistry.register("sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker",
+                              _hybrid_worker_class, HookType.AROUND)
+        _worker_hook_registered = True
 
     import sglang.srt.plugins as _plugins
     from sglang.srt.plugins.hook_registry import HookRegistry, _current_plugin_source

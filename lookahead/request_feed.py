@@ -86,6 +86,15 @@ class RequestFeed:
         ids = getattr(req, "origin_input_ids_unpadded", None)
         return req.origin_input_ids if ids is None else ids
 
+    @classmethod
+    def context_of(cls, req, pending, n: int) -> list:
+        """The last ``n`` tokens of the request's prompt + output + ``pending``
+        (committed tokens not in ``output_ids`` yet): what a draft reads."""
+        tail = list(req.output_ids[-n:]) + list(pending)
+        if len(tail) < n:
+            tail = list(cls.prompt_of(req)[-(n - len(tail)):]) + tail
+        return tail[-n:]
+
     def scope_of(self, req) -> tuple[Optional[str], bool]:
         """The request's (scope, share) for ``LookaheadCache.put_prompt``.
 

@@ -197,6 +197,19 @@ class LookaheadServerArgs(_original_server_args_class()):
             type_parser=_non_empty_path,
         ),
     ] = None
+    speculative_lookahead_hybrid: A[
+        bool,
+        Arg(
+            help="With --speculative-algorithm EAGLE or EAGLE3: also draft from "
+            "LOOKAHEAD's trie, and verify per request and step the trie's tree "
+            "where the text repeats, EAGLE's elsewhere, or a merge of both, "
+            "chosen from measured acceptance; EAGLE's draft model steps are "
+            "skipped when every request of the batch has a strong trie draft. "
+            "The trie options --speculative-lookahead-max-match-len, "
+            "--speculative-lookahead-memory-mb and "
+            "--speculative-lookahead-isolation apply.",
+        ),
+    ] = False
     speculative_lookahead_isolation: A[
         str,
         Arg(
@@ -217,6 +230,7 @@ class LookaheadServerArgs(_original_server_args_class()):
         first = not getattr(self, "_resolution_finished", False)
         super().resolve_once()
         if first:
+            check_hybrid_server_args(self)
             _warn_unused_options(self)
 
 
@@ -229,6 +243,12 @@ _FIELD_TO_ATTR = {
     "speculative_lookahead_path": "path",
     "speculative_lookahead_isolation": "isolation",
 }
+# Options the hybrid (EAGLE + --speculative-lookahead-hybrid) uses as well: they
+# configure the trie.
+HYBRID_FIELDS = ("speculative_lookahead_max_match_len", "speculative_lookahead_memory_mb",
+                 "speculative_lookahead_isolation")
+HYBRID_FIELD = "speculative_lookahead_hybrid"
+HYBRID_ALGORITHMS = ("EAGLE", "EAGLE3")
 LOOKAHEAD_FIELDS = tuple(_FIELD_TO_ATTR)
 
 
@@ -572,17 +592,20 @@ def disable_overlap_on_cpu(sa: Any) -> None:
 
 
 def _warn_unused_options(server_args: Any) -> None:
-    """Options given while --speculative-algorithm is not LOOKAHEAD do nothing."""
+    """Options given while --speculative-algorithm is not LOOKAHEAD do nothing
+    (except the trie's, with --speculative-lookahead-hybrid)."""
     from sglang.srt.arg_groups.overrides import resolution_result
 
     algorithm = resolution_result(server_args, "speculative_algorithm")
     if algorithm is not None and str(algorithm).upper() == ALGORITHM_NAME:
         return
+    hybrid = hybrid_enabled(server_args)
     defaults = _declared_defaults()
     unused = [
         _flag(field)
         for field in _FIELD_TO_ATTR
         if getattr(server_args, field, defaults[field]) != defaults[field]
+        and not (hybrid and field in HYBRID_FIELDS)
     ]
     if unused:
         logger.warning(
@@ -591,6 +614,70 @@ def _warn_unused_options(server_args: Any) -> None:
             ALGORITHM_NAME,
             algorithm,
         )
+
+
+# --------------------------------------------------------------------------
+# LOOKAHEAD + EAGLE (--speculative-lookahead-hybrid)
+# --------------------------------------------------------------------------
+
+
+def hybrid_enabled(server_args: Any) -> bool:
+    """Whether ``--speculative-lookahead-hybrid`` is set (False for records
+    without the field)."""
+    return bool(_read(server_args, HYBRID_FIELD, False))
+
+
+@dataclasses.dataclass(frozen=True)
+class HybridArgs:
+    """The hybrid's trie options, as ``lookahead.hybrid_worker`` uses them."""
+
+    max_match_len: Optional[int] = None
+    memory_mb: Optional[int] = None
+    isolation: str = DEFAULT_ISOLATION
+
+    def cache_overrides(self) -> dict[str, Any]:
+        return LookaheadArgs(max_match_len=self.max_match_len, memory_mb=self.memory_mb).cache_overrides()
+
+
+def get_hybrid_args(server_args: Any = None) -> HybridArgs:
+    """The hybrid's options (see ``get_lookahead_args`` for ``server_args``);
+    raises ``ValueError`` when a value is out of range."""
+    args = get_lookahead_args(server_args)
+    return HybridArgs(max_match_len=args.max_match_len, memory_mb=args.memory_mb, isolation=args.isolation)
+
+
+def check_hybrid_server_args(server_args: Any) -> None:
+    """Start-up checks of ``--speculative-lookahead-hybrid`` on the resolved
+    record; raises ``ValueError`` naming the flag."""
+    if not hybrid_enabled(server_args):
+        return
+    from sglang.srt.arg_groups.overrides import resolution_result
+
+    flag = _flag(HYBRID_FIELD)
+
+    def value(name):
+        return resolution_result(server_args, name, getattr(server_args, name, None))
+
+    algorithm = value("speculative_algorithm")
+    if algorithm is None or str(algorithm).upper() not in HYBRID_ALGORITHMS:
+        raise ValueError(
+            f"{flag} adds LOOKAHEAD's trie drafts to EAGLE: it needs --speculative-algorithm "
+            f"{' or '.join(HYBRID_ALGORITHMS)} (with its --speculative-draft-model-path), got "
+            f"{algorithm!r}"
+            + (" (LOOKAHEAD alone needs no draft model: drop the flag)" if str(algorithm).upper() == ALGORITHM_NAME
+               else "")
+        )
+    for name, why in (
+        ("enable_multi_layer_eagle", "the multi-layer EAGLE worker"),
+        ("speculative_use_rejection_sampling", "rejection sampling (it needs EAGLE's draft probabilities "
+                                              "for every verified token, which trie tokens have none of)"),
+        ("enable_dp_attention", "DP attention"),
+    ):
+        if value(name):
+            raise ValueError(f"{flag} does not support {why}: remove --{name.replace('_', '-')} or {flag}")
+    if (value("pp_size") or 1) > 1:
+        raise ValueError(f"{flag} does not support pipeline parallelism (--pp-size > 1)")
+    get_hybrid_args(server_args)  # the trie options' own checks
 
 
 # --------------------------------------------------------------------------

@@ -149,26 +149,69 @@ def _sample_tree(original, verify_input, batch, logits_output, grammar_mask=None
             info.acc_additive_penalties, info.acc_scaling_penalties = saved
 
 
-def install() -> None:
-    """Register and apply every hook (idempotent)."""
-    global _installed
-    if _installed:
+# -- LOOKAHEAD + EAGLE (lookahead.hybrid_worker) ------------------------------------
+
+_hybrid_installed = False
+_capture_scores = False
+_eagle_scores = None
+
+
+def _keep_eagle_scores(original, score_list, token_list, parents_list, num_draft_token):
+    """EAGLE's tree selection (top-k > 1): keep the chosen nodes' scores, the
+    draft model's path probabilities, which the hybrid values its nodes by."""
+    global _eagle_scores
+    out = original(score_list, token_list, parents_list, num_draft_token)
+    if _capture_scores:
+        import torch
+
+        _eagle_scores = torch.gather(torch.cat(score_list, dim=1).flatten(1), 1, out[1])
+    return out
+
+
+def take_eagle_scores():
+    """The scores of EAGLE's last tree selection ([bs, num_draft_tokens - 1],
+    in its nodes' order), or None; clears them."""
+    global _eagle_scores
+    scores, _eagle_scores = _eagle_scores, None
+    return scores
+
+
+def _report_hybrid_stats(original, self, state):
+    original(self, state)
+    worker = getattr(self.scheduler, "draft_worker", None)
+    stats = getattr(worker, "lookahead_hybrid_stats", None)
+    if stats is not None:
+        state["lookahead_hybrid"] = stats()
+
+
+def install_hybrid() -> None:
+    """The hooks of LOOKAHEAD + EAGLE (idempotent), applied in the scheduler
+    that runs the hybrid worker:
+
+    * ``eagle_utils.organize_draft_results`` (AROUND): EAGLE's top-k > 1 tree
+      selection drops its nodes' scores; the hybrid keeps them
+      (``take_eagle_scores``). A no-op until a hybrid worker exists.
+    * ``SchedulerInternalStateController._add_speculative`` (AROUND): the
+      hybrid's stats in ``/get_server_info`` (``internal_states[i]["lookahead_hybrid"]``).
+    """
+    global _hybrid_installed, _capture_scores
+    _capture_scores = True
+    if _hybrid_installed:
         return
+    _register_and_apply((
+        ("sglang.srt.speculative.eagle_utils.organize_draft_results", _keep_eagle_scores),
+        ("sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController._add_speculative",
+         _report_hybrid_stats),
+    ))
+    _hybrid_installed = True
+
+
+def _register_and_apply(hooks) -> None:
     import importlib
 
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    around = HookType.AROUND
-    for target, hook in (
-        (f"{_RUNNER}.get_spec_info", _capture_spec_info),
-        ("sglang.srt.speculative.spec_info.create_dummy_verify_input", _dummy_verify_input),
-        ("sglang.srt.managers.tp_worker.TpModelWorker.init_cuda_graphs", _startup_capture_at_width_one),
-        ("sglang.srt.managers.scheduler.Scheduler._relay_forward_payload", _relay_payload),
-        ("sglang.srt.managers.schedule_batch.ScheduleBatch.cumulate_penalty_output_tokens",
-         _cumulate_every_token),
-        ("sglang.srt.sampling.sampling_batch_info.SamplingBatchInfo.copy_for_forward", _copy_with_penalties),
-        ("sglang.srt.speculative.ngram_worker.eagle_sample", _sample_tree),
-    ):
+    for target, hook in hooks:
         # The registry resolves targets by attribute: their modules must be loaded.
         module = target
         while module:
@@ -178,7 +221,24 @@ def install() -> None:
                 break
             except ImportError:
                 continue
-        HookRegistry.register(target, hook, around)
+        HookRegistry.register(target, hook, HookType.AROUND)
     HookRegistry.apply_hooks()
+
+
+def install() -> None:
+    """Register and apply every hook (idempotent)."""
+    global _installed
+    if _installed:
+        return
+    _register_and_apply((
+        (f"{_RUNNER}.get_spec_info", _capture_spec_info),
+        ("sglang.srt.speculative.spec_info.create_dummy_verify_input", _dummy_verify_input),
+        ("sglang.srt.managers.tp_worker.TpModelWorker.init_cuda_graphs", _startup_capture_at_width_one),
+        ("sglang.srt.managers.scheduler.Scheduler._relay_forward_payload", _relay_payload),
+        ("sglang.srt.managers.schedule_batch.ScheduleBatch.cumulate_penalty_output_tokens",
+         _cumulate_every_token),
+        ("sglang.srt.sampling.sampling_batch_info.SamplingBatchInfo.copy_for_forward", _copy_with_penalties),
+        ("sglang.srt.speculative.ngram_worker.eagle_sample", _sample_tree),
+    ))
     _installed = True
     logger.debug("LOOKAHEAD: SGLang hooks installed")

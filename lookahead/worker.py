@@ -271,11 +271,7 @@ class LookaheadWorker(NGRAMWorker):
 
     def _context(self, req, pending) -> list:
         """The last ``max_match_len`` tokens of prompt + output + pending: what a draft reads."""
-        n = self.max_trie_depth
-        tail = list(req.output_ids[-n:]) + list(pending)
-        if len(tail) < n:
-            tail = list(RequestFeed.prompt_of(req)[-(n - len(tail)):]) + tail
-        return tail[-n:]
+        return RequestFeed.context_of(req, pending, self.max_trie_depth)
 
     @staticmethod
     def _last_token(req, pending) -> int:

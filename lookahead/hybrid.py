@@ -9,16 +9,21 @@ values is its expected number of accepted draft tokens (at most one child of
 a node can be accepted, so those events add up exactly). The values:
 
 * **trie nodes**: the trie's own estimate (``Draft.expected``, the sum of its
-  node scores), spread over the draft's nodes in their best-first order as a
-  geometric sequence ``q, q^2, ...`` with that sum (the trie exposes the sum
-  and the order, not each score), times ``c_trie``: measured accepted trie
-  tokens over predicted ones;
-* **EAGLE nodes**: with ``--speculative-eagle-topk`` > 1, the draft model's own
-  path probabilities (the scores EAGLE ranks its candidates by) times
-  ``c_eagle``, measured the same way; with top-k 1 EAGLE computes no
-  probabilities, so a chain node at depth ``d`` is worth the measured
-  probability that EAGLE's chain is accepted that far (the product of the
-  measured conditional rates ``P(depth d accepted | depth d - 1 accepted)``).
+  node scores), calibrated by what drafts of that confidence were measured
+  to accept (the ratio of accepted to predicted tokens, kept per tenth of
+  the predicted per-node probability ``expected / nodes``: how far the
+  trie's scores can be trusted differs between a long verbatim match and a
+  single short one), then spread over the draft's nodes in their best-first
+  order as a geometric sequence ``q, q^2, ...`` with that sum (the trie
+  exposes the sum and the order, not each score);
+* **EAGLE nodes**: the measured probability that EAGLE's tree is accepted
+  to the node's depth ``d`` (the product of the measured conditional rates
+  ``P(depth d accepted | depth d - 1 accepted)``), shared among the nodes of
+  that depth in proportion to the draft model's own path probabilities (the
+  scores EAGLE ranks its candidates by, top-k > 1; a chain has one node per
+  depth). Measured rates, not the raw scores, set the level: a draft model's
+  probabilities can be far from calibrated (the test heads' are nearly flat),
+  and a product of them along a path shrinks with every step.
 
 **The rule.** A request verifies, within the verify width, the nodes with the
 highest values from both trees together: the best-first selection of
@@ -33,7 +38,7 @@ there), so the choice is between two chains: the one with the larger sum.
 **Skipping EAGLE.** The values tell, before EAGLE drafts, when its tree cannot
 change the choice: at top-k 1 exactly (EAGLE's chain values do not depend on
 what it drafts), at top-k > 1 when every trie node is worth at least EAGLE's
-measured first-token acceptance (what its best node is worth on average).
+measured first-token acceptance (what all its depth-1 nodes together are worth).
 When that holds for every request of the batch, EAGLE's draft model steps
 are skipped.
 
@@ -61,8 +66,8 @@ PRIOR_WEIGHT = 2.0
 # EAGLE's chain is accepted a step further with probability 0.6.
 TRIE_PRIOR = 1.0
 EAGLE_RATE_PRIOR = 0.6
-EAGLE_CALIBRATION_PRIOR = 1.0
 MAX_VALUE = 0.999
+TRIE_BINS = 10
 
 TRIE, EAGLE, MERGED = "trie", "eagle", "merged"
 SOURCES = (TRIE, EAGLE, MERGED)
@@ -163,10 +168,9 @@ class HybridPolicy:
     def __init__(self, width: int, chains: bool):
         self.width = width
         self.chains = chains
-        self.trie = _Ratio(TRIE_PRIOR)  # measured / predicted trie tokens
-        self.eagle = _Ratio(EAGLE_CALIBRATION_PRIOR)  # measured / predicted EAGLE tokens (scored trees)
-        self.eagle_first = _Ratio(EAGLE_RATE_PRIOR)  # P(EAGLE's first token accepted)
-        # P(EAGLE's chain accepted to depth d | to depth d - 1), d = 1..width-1
+        # measured / predicted trie tokens, per tenth of the predicted per-node probability
+        self.trie_bins = [_Ratio(TRIE_PRIOR) for _ in range(TRIE_BINS)]
+        # P(EAGLE's tree accepted to depth d | to depth d - 1), d = 1..width-1
         self.eagle_depth = [_Ratio(EAGLE_RATE_PRIOR) for _ in range(max(width - 1, 0))]
 
     def resize(self, width: int) -> None:
@@ -179,11 +183,16 @@ class HybridPolicy:
 
     def trie_tree(self, tokens: Sequence[int], parents: Sequence[int], expected: float) -> Tree:
         """The trie's draft with its nodes' calibrated values."""
-        c = self.trie.value
-        values = [min(MAX_VALUE, c * v) for v in geometric_values(expected, len(tokens))]
+        n = len(tokens)
+        calibrated = self._trie_bin(expected, n).value * expected if n else 0.0
+        values = [min(MAX_VALUE, v) for v in geometric_values(calibrated, n)]
         return Tree(list(tokens), list(parents), values)
 
+    def _trie_bin(self, expected: float, n: int) -> _Ratio:
+        return self.trie_bins[min(TRIE_BINS - 1, int(TRIE_BINS * expected / max(n, 1)))]
+
     def eagle_chain_values(self, n: int) -> list:
+        """P(EAGLE's tree is accepted to depth d), d = 1..n."""
         out, p = [], 1.0
         for d in range(n):
             p *= self.eagle_depth[d].value if d < len(self.eagle_depth) else 0.0
@@ -191,15 +200,17 @@ class HybridPolicy:
         return out
 
     def eagle_tree(self, tokens: Sequence[int], parents: Sequence[int], scores: Optional[Sequence[float]] = None) -> Tree:
-        """EAGLE's draft with its nodes' values: calibrated draft-model scores, or
-        for a chain without scores the measured acceptance per depth."""
-        if scores is None:
-            depth = _depths(parents)
-            per_depth = self.eagle_chain_values(max(depth, default=0))
-            values = [per_depth[d - 1] for d in depth]
-        else:
-            c = self.eagle.value
-            values = [min(MAX_VALUE, c * float(s)) for s in scores]
+        """EAGLE's draft with its nodes' values: the measured acceptance to the
+        node's depth, shared among that depth's nodes by the draft model's
+        ``scores`` (equally without them)."""
+        depth = _depths(parents)
+        per_depth = self.eagle_chain_values(max(depth, default=0))
+        weight = [float(s) for s in scores] if scores is not None else [1.0] * len(tokens)
+        total: dict = {}
+        for d, w in zip(depth, weight):
+            total[d] = total.get(d, 0.0) + w
+        values = [per_depth[d - 1] * (w / total[d] if total[d] > 0 else 1.0 / depth.count(d))
+                  for d, w in zip(depth, weight)]
         return Tree(list(tokens), list(parents), values)
 
     def eagle_expected(self) -> float:
@@ -215,7 +226,7 @@ class HybridPolicy:
             return False
         if self.chains:
             return sum(trie.values) > self.eagle_expected()
-        return len(trie) >= self.width - 1 and min(trie.values) >= self.eagle_first.value
+        return len(trie) >= self.width - 1 and min(trie.values) >= self.eagle_depth[0].value
 
     def choose(self, trie: Tree, eagle: Optional[Tree]) -> Choice:
         """This step's tree of one request; ``eagle`` is None when EAGLE did not draft."""
@@ -232,35 +243,29 @@ class HybridPolicy:
     # -- measurement -------------------------------------------------------------
 
     def observe(self, committed: Sequence[int], trie: Optional[Tree], trie_expected: float,
-                eagle: Optional[Tree], eagle_predicted: Optional[float] = None) -> tuple:
+                eagle: Optional[Tree]) -> tuple:
         """Score both trees of one request-step against its committed tokens
         (accepted drafts then the bonus); returns ``(trie match, EAGLE match)``
         (None for a tree that was not drafted). ``trie_expected``: the trie's
-        own estimate for its draft; ``eagle_predicted``: the sum of EAGLE's
-        scores for a scored tree, None for a chain measured per depth."""
+        own estimate for its draft."""
         m_t = m_e = None
         if trie is not None and len(trie):
             m_t = match_length(trie, committed)
-            self.trie.add(m_t, trie_expected)
+            self._trie_bin(trie_expected, len(trie)).add(m_t, trie_expected)
         if eagle is not None and len(eagle):
             m_e = match_length(eagle, committed)
-            self.eagle_first.add(1.0 if m_e >= 1 else 0.0, 1.0)
-            if eagle_predicted is not None:
-                self.eagle.add(m_e, eagle_predicted)
-            else:
-                # Depth d is observed when the chain reached d - 1 and the
-                # committed tokens go that far.
-                for d in range(1, min(len(eagle), len(committed), len(self.eagle_depth)) + 1):
-                    if m_e < d - 1:
-                        break
-                    self.eagle_depth[d - 1].add(1.0 if m_e >= d else 0.0, 1.0)
+            # Depth d is observed where the tree reached d - 1 and the
+            # committed tokens go that far.
+            deepest = max(_depths(eagle.parents))
+            for d in range(1, min(deepest, len(committed), len(self.eagle_depth)) + 1):
+                if m_e < d - 1:
+                    break
+                self.eagle_depth[d - 1].add(1.0 if m_e >= d else 0.0, 1.0)
         return m_t, m_e
 
     def snapshot(self) -> dict:
         return {
-            "trie_calibration": round(self.trie.value, 4),
-            "eagle_calibration": round(self.eagle.value, 4),
-            "eagle_first_token_rate": round(self.eagle_first.value, 4),
+            "trie_calibration": [round(r.value, 3) for r in self.trie_bins],
             "eagle_depth_rates": [round(r.value, 4) for r in self.eagle_depth],
             "eagle_chain_expected": round(self.eagle_expected(), 4),
         }

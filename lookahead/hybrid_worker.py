@@ -89,7 +89,6 @@ class _Step:
     trie_expected: list  # per request: the trie's own estimate
     skip_eagle: bool
     eagle: list = field(default_factory=list)  # per request: Tree or None
-    eagle_predicted: list = field(default_factory=list)  # per request: sum of EAGLE scores or None
     sources: list = field(default_factory=list)
     passthrough: bool = False
     next_token_ids: Optional[torch.Tensor] = None
@@ -234,9 +233,9 @@ class LookaheadHybridWorker(EAGLEWorkerV2):
             sglang_hooks.take_eagle_scores()
             eagle_input = self._eagle_draft(batch)
             scores = sglang_hooks.take_eagle_scores()
-            step.eagle, step.eagle_predicted = self._eagle_trees(eagle_input, bs, step.width, scores)
+            step.eagle = self._eagle_trees(eagle_input, bs, step.width, scores)
         else:
-            step.eagle, step.eagle_predicted = [None] * bs, [None] * bs
+            step.eagle = [None] * bs
         choices = [self.policy.choose(t, e) for t, e in zip(step.trie, step.eagle)]
         step.sources = [c.source for c in choices]
         if eagle_input is not None and all(c.unchanged_eagle for c in choices):
@@ -244,13 +243,13 @@ class LookaheadHybridWorker(EAGLEWorkerV2):
             return eagle_input
         return self._verify_input(batch, choices, eagle_input, step.width)
 
-    def _eagle_trees(self, verify_input: EagleVerifyInput, bs: int, width: int, scores) -> tuple:
+    def _eagle_trees(self, verify_input: EagleVerifyInput, bs: int, width: int, scores) -> list:
         """EAGLE's trees on the host, with their nodes' values."""
         tokens = verify_input.draft_token.view(bs, width).tolist()
         first = verify_input.retrieve_next_token.view(bs, width).tolist()
         sibling = verify_input.retrieve_next_sibling.view(bs, width).tolist()
         score_rows = scores.tolist() if scores is not None else None
-        trees, predicted = [], []
+        trees = []
         for b in range(bs):
             parent = [-2] * width  # -2: not reached from the root
             stack = [0]
@@ -265,14 +264,9 @@ class LookaheadHybridWorker(EAGLEWorkerV2):
             slot = {i: k for k, i in enumerate(nodes)}
             toks = [tokens[b][i] for i in nodes]
             pars = [-1 if parent[i] == 0 else slot[parent[i]] for i in nodes]
-            if score_rows is not None:
-                raw = [score_rows[b][i - 1] for i in nodes]
-                trees.append(self.policy.eagle_tree(toks, pars, raw))
-                predicted.append(sum(raw))
-            else:
-                trees.append(self.policy.eagle_tree(toks, pars))
-                predicted.append(None)
-        return trees, predicted
+            raw = [score_rows[b][i - 1] for i in nodes] if score_rows is not None else None
+            trees.append(self.policy.eagle_tree(toks, pars, raw))
+        return trees
 
     def _verify_input(self, batch: ScheduleBatch, choices: list, eagle_input, width: int) -> HybridVerifyInput:
         """The chosen trees as EAGLE's verify input (node 0: EAGLE's bonus token)."""
@@ -370,6 +364,4 @@ class LookaheadHybridWorker(EAGLEWorkerV2):
         for i, committed in enumerate(last.committed()):
             if not committed:
                 continue
-            self.policy.observe(committed, last.trie[i], last.trie_expected[i],
-                                last.eagle[i] if last.eagle else None,
-                                last.eagle_predicted[i] if last.eagle_predicted else None)
+            self.policy.observe(committed, last.trie[i], last.trie_expected[i], last.eagle[i] if last.eagle else None)

@@ -6,7 +6,9 @@ before sglang is imported), so the tests start it as a subprocess:
 ``python tests/e2e_driver.py SPEC.json OUT.json``.  SPEC holds the model
 path, the prompts, and a list of runs: engine keyword arguments, the
 sampling parameters, and the prompt groups to submit as one ``generate``
-call each (a group of n prompts is decoded as a batch of n).
+call each (a group of n prompts is decoded as a batch of n). Prompts are
+texts or token-id lists; ``"server_info": [keys]`` records those keys of the
+scheduler's internal state after each group.
 """
 
 from __future__ import annotations
@@ -82,10 +84,14 @@ def main(spec_path: str, out_path: str) -> None:
         try:
             result["engine_pids"] += [p.pid for p in psutil.Process().children(recursive=True)]
             groups = run.get("groups") or [list(range(len(texts)))]
-            outputs = {}
+            outputs, infos = {}, []
             t0 = time.time()
             for group in groups:
-                outs = engine.generate([texts[i] for i in group], run["sampling"])
+                batch = [texts[i] for i in group]
+                if all(isinstance(p, list) for p in batch):  # token-id prompts
+                    outs = engine.generate(input_ids=batch, sampling_params=run["sampling"])
+                else:
+                    outs = engine.generate(batch, run["sampling"])
                 for i, o in zip(group, outs):
                     meta = o["meta_info"]
                     outputs[i] = {
@@ -94,6 +100,10 @@ def main(spec_path: str, out_path: str) -> None:
                         "spec_accept_length": meta.get("spec_accept_length"),
                         "completion_tokens": meta.get("completion_tokens"),
                     }
+                if run.get("server_info"):
+                    # What the scheduler reports after each group (e.g. the hybrid's stats).
+                    state = engine.get_server_info()["internal_states"][0]
+                    infos.append({k: state.get(k) for k in run["server_info"]})
             gen_s = time.time() - t0
             trie_path = run.get("engine", {}).get("speculative_lookahead_path")
             if trie_path:
@@ -106,6 +116,7 @@ def main(spec_path: str, out_path: str) -> None:
             engine.shutdown()
         result["runs"][run["name"]] = {
             "outputs": {str(k): v for k, v in outputs.items()},
+            "server_info": infos,
             "start_s": round(t0 - started, 1),
             "generate_s": round(gen_s, 2),
         }

@@ -70,6 +70,10 @@ def test_skip_needs_every_trie_node_above_eagles_first_token_rate():
     assert p.trie_suffices(Tree([1, 2, 3], [-1, 0, 1], [0.9, 0.8, 0.7]))
     assert not p.trie_suffices(Tree([1, 2, 3], [-1, 0, 1], [0.9, 0.8, 0.5]))
     assert not p.trie_suffices(Tree([1, 2], [-1, 0], [0.9, 0.8]))  # not the full width
+    # Above EAGLE's measured first-level rate only.
+    for _ in range(200):
+        p.observe([7], None, 0.0, Tree([1], [-1]))
+    assert p.trie_suffices(Tree([1, 2, 3], [-1, 0, 1], [0.3, 0.2, 0.1]))
 
 
 def test_measurement_moves_the_estimates():
@@ -81,7 +85,8 @@ def test_measurement_moves_the_estimates():
         chain = [t if rng.random() < 0.9 else -1 for t in truth[:4]]
         trie = Tree([truth[0], 7, 7, 7], [-1, 0, 1, 2])
         p.observe(truth, trie, 3.0, Tree(chain, [-1, 0, 1, 2]))
-    assert p.trie.value == pytest.approx(1 / 3, abs=0.05)
+    assert p._trie_bin(3.0, 4).value == pytest.approx(1 / 3, abs=0.05)
+    assert p._trie_bin(1.0, 4).value == 1.0  # another confidence: not measured yet
     assert p.eagle_depth[0].value == pytest.approx(0.9, abs=0.06)
     assert p.eagle_depth[3].value == pytest.approx(0.9, abs=0.08)
 
@@ -95,10 +100,28 @@ def test_censored_depths_are_not_counted():
     assert after[0] > before[0] and after[1:] == before[1:]
 
 
-def test_scored_eagle_trees_are_calibrated():
-    p = HybridPolicy(width=4, chains=False)
+def test_trie_calibration_depends_on_the_drafts_confidence():
+    p = HybridPolicy(width=4, chains=True)
     for _ in range(300):
-        tree = p.eagle_tree([1, 2, 3], [-1, 0, -1], scores=[0.8, 0.6, 0.1])
-        p.observe([1, 9], None, 0.0, tree, eagle_predicted=1.5)  # accepts 1 of a predicted 1.5
-    assert p.eagle.value == pytest.approx(1 / 1.5, abs=0.03)
-    assert p.eagle_tree([1], [-1], scores=[0.9]).values[0] == pytest.approx(0.9 / 1.5, abs=0.03)
+        # Weak drafts (0.7 of 3 predicted) are right; strong ones (2.7) half right.
+        p.observe([1, 2, 3, 4], Tree([1, 2, 3], [-1, 0, 1]), 0.7, None)
+        p.observe([1, 2, 9, 9], Tree([1, 2, 3], [-1, 0, 1]), 2.7, None)
+    weak = p.trie_tree([1, 2, 3], [-1, 0, 1], 0.7)
+    strong = p.trie_tree([1, 2, 3], [-1, 0, 1], 2.7)
+    assert sum(weak.values) > 2.5 and sum(strong.values) == pytest.approx(2.0, abs=0.1)
+
+
+def test_eagle_tree_values_share_the_measured_depth_rate_by_score():
+    p = HybridPolicy(width=5, chains=False)
+    for _ in range(300):
+        # EAGLE's tree accepts its first level half of the time, never deeper.
+        p.observe([1, 9], None, 0.0, Tree([1, 2, 3, 4], [-1, -1, 0, 1]))
+        p.observe([5, 9], None, 0.0, Tree([1, 2, 3, 4], [-1, -1, 0, 1]))
+    assert p.eagle_depth[0].value == pytest.approx(0.5, abs=0.03)
+    assert p.eagle_depth[1].value < 0.05
+    # Nearly flat draft probabilities (tiny scores) still get the measured level.
+    tree = p.eagle_tree([1, 2, 3, 4], [-1, -1, 0, 1], scores=[3e-4, 1e-4, 1e-7, 1e-8])
+    assert tree.values[0] == pytest.approx(0.5 * 0.75, abs=0.02)
+    assert tree.values[1] == pytest.approx(0.5 * 0.25, abs=0.02)
+    assert sum(tree.values[:2]) == pytest.approx(p.eagle_depth[0].value)
+    assert tree.values[2] + tree.values[3] < 0.03

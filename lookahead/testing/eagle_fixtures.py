@@ -203,3 +203,56 @@ def main(argv=None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def bigram_prompts(target_path, counts=None, seed: int = 0, length: int = 64) -> dict:
+    """Token-id prompts for the bigram target, by kind, each continuing a
+    different stretch of its cycle (so no request's output is in another's):
+
+    * ``copy``: the prompt holds the ``length`` tokens its answer will be,
+      then ends in the answer's first token's predecessor: the answer copies;
+    * ``fresh``: random tokens: nothing of the answer is anywhere;
+    * ``mixed``: the prompt holds two stretches of the answer (its tokens
+      15-32 and 39-56 of 64): copying and fresh text alternate.
+
+    ``counts``: prompts per kind (default 9 each)."""
+    import random
+
+    counts = counts or {"copy": 9, "fresh": 9, "mixed": 9}
+    nxt = bigram_table(target_path).tolist()
+    vocab = len(nxt)
+    order, x = [], 0
+    for _ in range(vocab):
+        order.append(x)
+        x = nxt[x]
+    rng = random.Random(seed)
+    spacing = vocab // sum(counts.values())
+    if spacing < length + 8:
+        raise ValueError(f"{sum(counts.values())} prompts of {length} tokens do not fit in one cycle of {vocab}")
+    starts = iter(order[i * spacing] for i in range(sum(counts.values())))
+
+    def filler(n):
+        return [rng.randrange(3, vocab) for _ in range(n)]
+
+    def walk(x0, n):
+        out, t = [], x0
+        for _ in range(n):
+            t = nxt[t]
+            out.append(t)
+        return out
+
+    prompts = {}
+    for kind in ("copy", "fresh", "mixed"):
+        prompts[kind] = []
+        for _ in range(counts.get(kind, 0)):
+            x0 = next(starts)
+            answer = walk(x0, length)
+            if kind == "copy":
+                p = filler(8) + answer + filler(4) + [x0]
+            elif kind == "fresh":
+                p = filler(12) + [x0]
+            else:
+                a, b = length // 4, (5 * length) // 8  # the stretches start one token early: their anchor
+                p = filler(6) + answer[a - 2:a + 16] + filler(3) + answer[b - 2:b + 16] + filler(3) + [x0]
+            prompts[kind].append(p)
+    return prompts

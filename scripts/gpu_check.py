@@ -14,11 +14,26 @@ What only a GPU can show, on the user's own model:
    auto``, with LOOKAHEAD's steps by path (tier ``verify``/``single``,
    ``graph``/``eager``) and reason from its ``/metrics``.
 
+3. **LOOKAHEAD + EAGLE** (with ``--draft-model-path``, an EAGLE/EAGLE3 head
+   for the model): the matrix for EAGLE alone, then for EAGLE with
+   ``--speculative-lookahead-hybrid`` as trees (top-k > 1) and as chains
+   (top-k 1), with overlap scheduling and CUDA graphs; the hybrid must answer
+   as plain decoding wherever EAGLE itself does (penalties and
+   ``min_new_tokens`` differ for EAGLE: its penalties are applied once per
+   step). What this proves on a GPU and not on CPU: the hybrid's tree mask in
+   the FULL_MASK layout of the GPU backends (written into the backend's
+   ``verify_mask`` buffer under CUDA graphs), irregular trees at top-k > 1 on
+   FlashInfer / FlashAttention-3 / Triton, the overlap relay with trie drafts
+   (the previous step's tokens read back for the trie), and skipped EAGLE
+   draft steps under CUDA graphs. Then bench_serving for EAGLE and the hybrid
+   with the hybrid's steps by draft source and EAGLE steps skipped.
+
 Prints a report; exits 1 when an answer differs from plain decoding or a
 step ran on a path the design does not intend (a fallback step wider than
 one token, or eager steps where graphs were captured).
 
-    scripts/gpu_check.sh --model-path meta-llama/Llama-3.1-8B-Instruct
+    scripts/gpu_check.sh --model-path meta-llama/Llama-3.1-8B-Instruct \
+        [--draft-model-path yuhuili/EAGLE-LLaMA3.1-Instruct-8B] [--hybrid-only]
 """
 
 from __future__ import annotations
@@ -52,6 +67,9 @@ def main(argv=None) -> int:
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--extra-server-args", default="", help="appended to every server's flags")
     ap.add_argument("--out-dir", default="artifacts/gpu_check")
+    ap.add_argument("--draft-model-path", help="an EAGLE head for --model-path: also check LOOKAHEAD + EAGLE")
+    ap.add_argument("--eagle-algorithm", default="EAGLE", choices=["EAGLE", "EAGLE3"])
+    ap.add_argument("--hybrid-only", action="store_true", help="skip the LOOKAHEAD-only servers")
     args = ap.parse_args(argv)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -89,6 +107,11 @@ def main(argv=None) -> int:
     finally:
         server.stop()
 
+    if args.draft_model_path:
+        failures += hybrid_checks(args, cases, reference, serve, run_bench)
+    if args.hybrid_only:
+        return report(rows, failures, out)
+
     for name, flags in (("lookahead", width), ("lookahead-1b", width + ["--speculative-one-branch"])):
         server = serve(name, ["--speculative-algorithm", "LOOKAHEAD", "--enable-metrics", *flags])
         try:
@@ -124,6 +147,10 @@ def main(argv=None) -> int:
         finally:
             server.stop()
 
+    return report(rows, failures, out)
+
+
+def report(rows, failures, out=Path("artifacts/gpu_check")) -> int:
     print()
     print(bench.markdown(rows, "cuda"))
     (out / "gpu_check.json").write_text(json.dumps({"bench": rows, "failures": failures}, indent=1))
@@ -139,6 +166,54 @@ def main(argv=None) -> int:
         return 1
     print("PASSED: every answer identical to plain decoding, every step on its intended path")
     return 0
+
+
+# Cases where EAGLE's own output differs from plain decoding: it applies penalties once per step.
+EAGLE_RELAXED = {"frequency_penalty", "presence_penalty", "repetition_penalty", "penalties_combined", "min_new_tokens"}
+
+
+def hybrid_checks(args, cases, reference, serve, run_bench) -> list:
+    """LOOKAHEAD + EAGLE: the matrix where EAGLE answers as plain decoding, then speed."""
+    failures = []
+    eagle = ["--speculative-algorithm", args.eagle_algorithm, "--speculative-draft-model-path",
+             args.draft_model_path, "--enable-metrics"]
+    shapes = {"tree": ["--speculative-num-steps", "3", "--speculative-eagle-topk", "4",
+                       "--speculative-num-draft-tokens", "8"],
+              "chain": ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+                        "--speculative-num-draft-tokens", "4"]}
+    eagle_ok = {}
+    for shape, flags in shapes.items():
+        for name, extra in ((f"eagle-{shape}", []), (f"hybrid-{shape}", ["--speculative-lookahead-hybrid"])):
+            server = serve(name, eagle + flags + extra)
+            try:
+                results = fm.run_matrix(server.url, cases, args.model_path)
+                for case in fm.COMPARED:
+                    diffs = fm.differences(reference[case], results[case], f"{name}:{case}")
+                    if name.startswith("eagle"):
+                        eagle_ok[(shape, case)] = not diffs
+                        log(f"{name:13s} {case:28s} {'identical' if not diffs else 'differs (EAGLE itself)'}")
+                        continue
+                    expected_ok = eagle_ok.get((shape, case), case not in EAGLE_RELAXED)
+                    log(f"{name:13s} {case:28s} {'identical' if not diffs else 'DIFFERS'}"
+                        f"{'' if expected_ok else ' (EAGLE differs too: not checked)'}")
+                    if expected_ok:
+                        failures += diffs[:3]
+                if name.startswith("hybrid"):
+                    for check in ("regex_sampled_valid", "radix_cache_hit"):
+                        if not results[check]:
+                            failures.append(f"{name}: {check} is false")
+                    if not results["abort"]["healthy"]:
+                        failures.append(f"{name}: the server stopped serving after an abort")
+                    stats = json.loads(fm.get(server.url + "/get_server_info"))["internal_states"][0]
+                    log(f"{name} hybrid stats: {json.dumps(stats.get('lookahead_hybrid'))[:2000]}")
+                if shape == "tree":
+                    run_bench(name, server)
+                    if name.startswith("hybrid"):
+                        stats = json.loads(fm.get(server.url + "/get_server_info"))["internal_states"][0]
+                        log(f"{name} after bench_serving: {json.dumps(stats.get('lookahead_hybrid'))[:2000]}")
+            finally:
+                server.stop()
+    return failures
 
 
 if __name__ == "__main__":

@@ -3,10 +3,14 @@
 # this package installed (pip install .):
 #
 #   scripts/gpu_check.sh --model-path meta-llama/Llama-3.1-8B-Instruct [--extra-server-args "..."]
+#       [--draft-model-path EAGLE_HEAD [--eagle-algorithm EAGLE3] [--hybrid-only]]
 #
 # Runs the feature matrix against plain decoding (tree and one-branch, with
 # overlap scheduling and CUDA graphs), then bench_serving at concurrency 1, 4
-# and 16 for plain, NGRAM and LOOKAHEAD with LOOKAHEAD's steps by path. About
+# and 16 for plain, NGRAM and LOOKAHEAD with LOOKAHEAD's steps by path; with
+# --draft-model-path, the same matrix for EAGLE and for LOOKAHEAD + EAGLE
+# (--speculative-lookahead-hybrid, trees and chains) and their bench_serving
+# figures with the hybrid's steps by draft source. About
 # 10 minutes on one H100-class GPU with an 8B model. Exits non-zero when an
 # answer differs from plain decoding or a step took an unintended path.
 # Output goes to stdout and artifacts/gpu_check/gpu_check.log.

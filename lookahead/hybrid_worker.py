@@ -79,6 +79,25 @@ class HybridVerifyInput(EagleVerifyInput):
         return 1 if self.is_chain else -1
 
 
+class _Committed:
+    """The tokens one forward committed per request, read from its result
+    tensors when first needed (under overlap, one step later)."""
+
+    def __init__(self, next_token_ids: torch.Tensor, accept_lens: Optional[torch.Tensor], width: int):
+        self.next_token_ids, self.accept_lens, self.width = next_token_ids, accept_lens, width
+        self._rows = None
+
+    def rows(self) -> list:
+        if self._rows is None:
+            ids = self.next_token_ids.tolist()
+            if self.accept_lens is None:  # a prefill: one token per request
+                self._rows = [[t] for t in ids]
+            else:
+                w = self.width
+                self._rows = [ids[i * w: i * w + n] for i, n in enumerate(self.accept_lens.tolist())]
+        return self._rows
+
+
 @dataclass
 class _Step:
     """One decode step's drafts and choices, kept until its tokens are known."""
@@ -91,17 +110,8 @@ class _Step:
     eagle: list = field(default_factory=list)  # per request: Tree or None
     sources: list = field(default_factory=list)
     passthrough: bool = False
-    next_token_ids: Optional[torch.Tensor] = None
-    accept_lens: Optional[torch.Tensor] = None
     width: int = 0
-    _tokens: Optional[list] = None
-
-    def committed(self) -> list:
-        """Per request of the step: its accepted tokens then the bonus token."""
-        if self._tokens is None:
-            ids, lens = self.next_token_ids.tolist(), self.accept_lens.tolist()
-            self._tokens = [ids[i * self.width: i * self.width + n] for i, n in enumerate(lens)]
-        return self._tokens
+    committed: Optional[_Committed] = None  # per request: its accepted tokens then the bonus token
 
 
 class LookaheadHybridWorker(EAGLEWorkerV2):
@@ -125,9 +135,13 @@ class LookaheadHybridWorker(EAGLEWorkerV2):
             overrides["vocab_size"] = int(vocab)
         self.cache = LookaheadCache(**overrides)
         self.max_match_len = self.cache.config.max_match_len
-        self.feed = RequestFeed(self.cache, isolation=self.args.isolation)
+        self.feed = RequestFeed(self.cache, on_finish=self._forget, isolation=self.args.isolation)
         self._step: Optional[_Step] = None  # the decode step being run
         self._last: Optional[_Step] = None  # the previous decode step, until its tokens are scored
+        # Under overlap scheduling, per request: the last forward's committed
+        # tokens (a _Committed and the request's row) and its output length
+        # before them; they reach output_ids one step late.
+        self._unseen: dict = {}
         self._sources = collections.deque()  # per decode step awaiting its acceptance: sources
         sglang_hooks.install_hybrid()
         if self._draft_worker is not None:
@@ -153,10 +167,16 @@ class LookaheadHybridWorker(EAGLEWorkerV2):
               and not batch.is_extend_in_batch and self.speculative_num_steps > 0
               and not (batch.spec_info is not None and batch.spec_info.is_verify_input())):
             self._step = self._plan(batch)
+        extend = batch.forward_mode.is_extend()
+        bases = [len(r.output_ids) for r in batch.reqs] if extend and self.enable_overlap else None
         result = super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier,
                                                   pp_proxy_tensors=pp_proxy_tensors)
         if decode:
             self._finish(batch, result)
+        elif bases is not None and result.next_token_ids is not None:
+            committed = _Committed(result.next_token_ids, None, 1)
+            for i, req in enumerate(batch.reqs):
+                self._unseen[req.rid] = (committed, i, bases[i])
         return result
 
     def on_verify_complete_cpu(self, num_correct_drafts_per_req: list, batch_size: int = 0) -> None:
@@ -174,6 +194,10 @@ class LookaheadHybridWorker(EAGLEWorkerV2):
         super().clear_cache_pool()
         self.feed.finish_all()
         self._last = None
+        self._unseen.clear()
+
+    def _forget(self, rid) -> None:
+        self._unseen.pop(rid, None)
 
     def lookahead_hybrid_stats(self) -> dict:
         """Steps and acceptance by draft source, the policy's estimates, the trie's size."""
@@ -207,19 +231,17 @@ class LookaheadHybridWorker(EAGLEWorkerV2):
         return _Step(rids, base, trie, expected, skip, width=width)
 
     def _pending(self, batch: ScheduleBatch) -> Optional[list]:
-        """Under overlap scheduling, per request the previous step's committed
-        tokens that are not in ``output_ids`` yet (results are processed one
-        step late, except for grammar batches)."""
-        if not self.enable_overlap or self._last is None:
+        """Under overlap scheduling, per request the committed tokens that are
+        not in ``output_ids`` yet: the last forward's (a decode step's accepted
+        tokens, or the prefill's first token), which the scheduler processes
+        one step late (grammar batches in time)."""
+        if not self.enable_overlap:
             return None
-        last = self._last
-        index = {rid: i for i, rid in enumerate(last.rids)}
-        committed = last.committed()
         out = []
         for req in batch.reqs:
-            i = index.get(req.rid)
-            late = i is not None and len(req.output_ids) == last.base_lens[i]
-            out.append(committed[i] if late else [])
+            unseen = self._unseen.get(req.rid)
+            late = unseen is not None and len(req.output_ids) == unseen[2]
+            out.append(unseen[0].rows()[unseen[1]] if late else [])
         return out
 
     def _draft(self, batch: ScheduleBatch, *, with_topology: bool = False):
@@ -350,7 +372,10 @@ class LookaheadHybridWorker(EAGLEWorkerV2):
         if step is None:
             self._sources.append(None)
             return
-        step.next_token_ids, step.accept_lens = result.next_token_ids, result.accept_lens
+        step.committed = _Committed(result.next_token_ids, result.accept_lens, step.width)
+        if self.enable_overlap:
+            for i, rid in enumerate(step.rids):
+                self._unseen[rid] = (step.committed, i, step.base_lens[i])
         self._last = step
         self._sources.append(step.sources)
         self.stats.record_step(step.sources, not step.skip_eagle, step.passthrough)
@@ -359,9 +384,9 @@ class LookaheadHybridWorker(EAGLEWorkerV2):
     def _score_last(self) -> None:
         """Score the previous step's trees (both drafters') against its committed tokens."""
         last, self._last = self._last, None
-        if last is None or last.next_token_ids is None or not last.sources:
+        if last is None or last.committed is None or not last.sources:
             return
-        for i, committed in enumerate(last.committed()):
+        for i, committed in enumerate(last.committed.rows()):
             if not committed:
                 continue
             self.policy.observe(committed, last.trie[i], last.trie_expected[i], last.eagle[i] if last.eagle else None)

@@ -8,11 +8,13 @@ path, the prompts, and a list of runs: engine keyword arguments, the
 sampling parameters, and the prompt groups to submit as one ``generate``
 call each (a group of n prompts is decoded as a batch of n). Prompts are
 texts or token-id lists; ``"server_info": [keys]`` records those keys of the
-scheduler's internal state after each group.
+scheduler's internal state after each group; ``"overlap_on_cpu": true``
+starts the engine with overlap scheduling (see ``_overlap_on_cpu``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -65,6 +67,30 @@ def prompts() -> list[str]:
     return out
 
 
+@contextlib.contextmanager
+def _overlap_on_cpu(lift: bool):
+    """With ``lift``, the engine resolves its arguments with the CPU guards of
+    overlap scheduling lifted (SGLang's for EAGLE, LOOKAHEAD's own): on CPU,
+    torch streams are stubs, so an overlapped engine runs its forwards in
+    order and processes each result one step late, which is the relay and
+    bookkeeping logic of the GPU path. EAGLE's overlap relay also needs
+    ``LOOKAHEAD_CPU_TORCH_SPEC_GATHER=1`` in the environment (see the CPU
+    ``sgl_kernel``'s ``sitecustomize``)."""
+    if not lift:
+        yield
+        return
+    import sglang.srt.arg_groups.speculative_hook as hook
+
+    import lookahead.server_args as lookahead_args
+
+    saved = hook._disable_overlap_schedule_for_cpu, lookahead_args.disable_overlap_on_cpu
+    hook._disable_overlap_schedule_for_cpu = lookahead_args.disable_overlap_on_cpu = lambda server_args: None
+    try:
+        yield
+    finally:
+        hook._disable_overlap_schedule_for_cpu, lookahead_args.disable_overlap_on_cpu = saved
+
+
 def main(spec_path: str, out_path: str) -> None:
     sys.path.insert(0, str(REPO))
     from lookahead.testing.cpu_env import apply_cpu_env, cpu_engine_kwargs
@@ -80,7 +106,8 @@ def main(spec_path: str, out_path: str) -> None:
     for run in spec["runs"]:
         kwargs = cpu_engine_kwargs(**run.get("engine", {}))
         started = time.time()
-        engine = sgl.Engine(model_path=spec["model"], log_level=spec.get("log_level", "error"), **kwargs)
+        with _overlap_on_cpu(run.get("overlap_on_cpu", False)):
+            engine = sgl.Engine(model_path=spec["model"], log_level=spec.get("log_level", "error"), **kwargs)
         try:
             result["engine_pids"] += [p.pid for p in psutil.Process().children(recursive=True)]
             groups = run.get("groups") or [list(range(len(texts)))]

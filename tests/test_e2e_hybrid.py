@@ -11,7 +11,10 @@ answer, hold none of it (fresh), or hold parts of it (mixed):
 * on the mixed prompts the hybrid accepts at least as much as the better of
   EAGLE and LOOKAHEAD (at the same width and shape);
 * every draft source is used, and when every request of a batch copies,
-  EAGLE's draft model steps are skipped.
+  EAGLE's draft model steps are skipped;
+* with overlap scheduling (CPU guard lifted: each result is processed one
+  step late, so the trie must be fed the previous step's tokens from the
+  worker's own results) the hybrid is still lossless and accepts as much.
 
 All engines run in one subprocess (``e2e_driver.py``); the tests read its results.
 """
@@ -81,11 +84,14 @@ def runs(fixtures, cpu_subprocess_env, tmp_path_factory):
                 "speculative_num_draft_tokens": eagle["speculative_num_draft_tokens"],
                 "speculative_lookahead_max_batch_size": 16}},  # speculate at every batch size, as EAGLE does
         ]
+    chain = next(r for r in spec["runs"] if r["name"] == "hybrid-chain")
+    spec["runs"].append({**chain, "name": "hybrid-chain-overlap", "overlap_on_cpu": True})
     tmp = tmp_path_factory.mktemp("e2e_hybrid")
     (tmp / "spec.json").write_text(json.dumps(spec))
     proc = subprocess.run(
         [sys.executable, str(REPO / "tests" / "e2e_driver.py"), str(tmp / "spec.json"), str(tmp / "out.json")],
-        env=cpu_subprocess_env, cwd=tmp, capture_output=True, text=True, timeout=3000,
+        env={**cpu_subprocess_env, "LOOKAHEAD_CPU_TORCH_SPEC_GATHER": "1"}, cwd=tmp, capture_output=True,
+        text=True, timeout=3600,
     )
     assert proc.returncode == 0, f"driver failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     result = json.loads((tmp / "out.json").read_text())
@@ -99,11 +105,10 @@ def _al(outputs: dict, ids) -> float:
     return tokens / steps
 
 
-@pytest.mark.parametrize("algo", ["eagle", "hybrid"])
-@pytest.mark.parametrize("shape", list(SHAPES))
-def test_greedy_output_identical_to_plain_decoding(runs, algo, shape):
+@pytest.mark.parametrize("run", ["eagle-chain", "hybrid-chain", "eagle-tree", "hybrid-tree", "hybrid-chain-overlap"])
+def test_greedy_output_identical_to_plain_decoding(runs, run):
     plain = runs["runs"]["plain"]["outputs"]
-    spec = runs["runs"][f"{algo}-{shape}"]["outputs"]
+    spec = runs["runs"][run]["outputs"]
     assert set(spec) == set(plain) and len(plain) == 27
     for group in runs["groups"]:
         for i in group:
@@ -158,6 +163,16 @@ def test_draft_sources_and_skipped_eagle_steps(runs, shape):
     # The policy measured both drafters.
     assert 0.3 < final["policy"]["eagle_depth_rates"][0] < 0.9
     assert final["trie"]["prompts"] == 27 and final["trie"]["active_requests"] == 0
+
+
+def test_overlap_scheduling_feeds_the_trie_in_time(runs):
+    """Under overlap, output_ids lag one step; the worker splices the last
+    forward's tokens into the context, so the trie drafts as well as without."""
+    overlap, sync = (runs["runs"][n]["outputs"] for n in ("hybrid-chain-overlap", "hybrid-chain"))
+    ids = range(27)
+    assert _al(overlap, ids) >= 0.95 * _al(sync, ids), (_al(overlap, ids), _al(sync, ids))
+    final = runs["runs"]["hybrid-chain-overlap"]["server_info"][-1]["lookahead_hybrid"]
+    assert final["accept_length"]["trie"] > 3.0, final
 
 
 def test_no_engine_process_left(runs):

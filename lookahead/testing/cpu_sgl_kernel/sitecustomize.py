@@ -14,6 +14,13 @@ module executes, so every sglang process (launch_server, Engine, schedulers)
 sees one consistent answer. Kernels then come from the pure-torch
 ``sgl_kernel`` next to this file. Any other ``sitecustomize`` on ``sys.path``
 still runs afterwards.
+
+With ``LOOKAHEAD_CPU_TORCH_SPEC_GATHER=1`` as well, the same hook replaces
+``sglang.kernels.ops.speculative.gather_spec_extras.gather_spec_extras``
+(a Triton row gather that EAGLE's overlap scheduling runs, and which has no
+CPU driver) with its pure-torch equivalent, before ``overlap_utils`` binds it.
+SGLang turns overlap off for EAGLE on CPU; the tests that lift that guard to
+exercise the overlap path of LOOKAHEAD + EAGLE set this variable.
 """
 
 from __future__ import annotations
@@ -26,6 +33,22 @@ import sys
 
 _TARGET = "sglang.srt.utils.common"
 _ENV = "LOOKAHEAD_CPU_FORCE_AMX"
+_GATHER_TARGET = "sglang.kernels.ops.speculative.gather_spec_extras"
+_GATHER_ENV = "LOOKAHEAD_CPU_TORCH_SPEC_GATHER"
+
+
+def _torch_gather_spec_extras(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf):
+    """``gather_spec_extras`` without Triton: the same rows of every buffer."""
+    idx = indices.long()
+    hidden = hidden_states_buf[idx] if hidden_states_buf is not None else None
+    return topk_p_buf[idx], topk_index_buf[idx], output_tokens_buf[idx], hidden
+
+
+def _patch(module) -> None:
+    if module.__name__ == _TARGET:
+        module.is_amx_tile_supported = True
+    elif module.__name__ == _GATHER_TARGET:
+        module.gather_spec_extras = _torch_gather_spec_extras
 
 
 class _ForceAmxFinder(importlib.abc.MetaPathFinder):
@@ -34,7 +57,7 @@ class _ForceAmxFinder(importlib.abc.MetaPathFinder):
     lookahead_force_amx = True  # marker for idempotent install
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != _TARGET:
+        if fullname not in _targets():
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -60,7 +83,11 @@ class _PatchingLoader(importlib.abc.Loader):
 
     def exec_module(self, module):
         self._inner.exec_module(module)
-        module.is_amx_tile_supported = True
+        _patch(module)
+
+
+def _targets() -> tuple:
+    return (_TARGET, _GATHER_TARGET) if os.environ.get(_GATHER_ENV) == "1" else (_TARGET,)
 
 
 def install() -> bool:

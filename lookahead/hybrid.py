@@ -16,14 +16,15 @@ a node can be accepted, so those events add up exactly). The values:
   single short one), then spread over the draft's nodes in their best-first
   order as a geometric sequence ``q, q^2, ...`` with that sum (the trie
   exposes the sum and the order, not each score);
-* **EAGLE nodes**: the measured probability that EAGLE's tree is accepted
-  to the node's depth ``d`` (the product of the measured conditional rates
-  ``P(depth d accepted | depth d - 1 accepted)``), shared among the nodes of
-  that depth in proportion to the draft model's own path probabilities (the
-  scores EAGLE ranks its candidates by, top-k > 1; a chain has one node per
-  depth). Measured rates, not the raw scores, set the level: a draft model's
-  probabilities can be far from calibrated (the test heads' are nearly flat),
-  and a product of them along a path shrinks with every step.
+* **EAGLE nodes**: its parent's value times the measured probability that,
+  the parent accepted, one of its children is (``P(depth d | depth d - 1)``,
+  measured per depth over the steps where the accepted node at ``d - 1`` had
+  children in EAGLE's tree), shared among the children in proportion to the
+  draft model's own path probabilities (the scores EAGLE ranks its
+  candidates by, top-k > 1; a chain has one child per node). Measured rates,
+  not the raw scores, set the level: a draft model's probabilities can be
+  far from calibrated (the test heads' are nearly flat), and a product of
+  them along a path shrinks at every step.
 
 **The rule.** A request verifies, within the verify width, the nodes with the
 highest values from both trees together: the best-first selection of
@@ -37,8 +38,8 @@ there), so the choice is between two chains: the one with the larger sum.
 
 **Skipping EAGLE.** The values tell, before EAGLE drafts, when its tree cannot
 change the choice: at top-k 1 exactly (EAGLE's chain values do not depend on
-what it drafts), at top-k > 1 when every trie node is worth at least EAGLE's
-measured first-token acceptance (what all its depth-1 nodes together are worth).
+what it drafts), at top-k > 1 when every trie node is worth at least what
+EAGLE's best node has been worth (a moving average over its recent trees).
 When that holds for every request of the batch, EAGLE's draft model steps
 are skipped.
 
@@ -111,15 +112,20 @@ def geometric_values(expected: float, n: int) -> list:
         return [0.0] * max(n, 0)
     if expected >= n:
         return [1.0] * n
-    lo, hi = 0.0, 1.0
-    for _ in range(40):
-        q = 0.5 * (lo + hi)
-        total = q * (1.0 - q ** n) / (1.0 - q) if q < 1.0 else float(n)
-        if total < expected:
-            lo = q
-        else:
-            hi = q
-    q = 0.5 * (lo + hi)
+    # Newton on the convex, increasing sum(q^i) - expected, from the root of
+    # the infinite series (below the root: one step overshoots it, and from
+    # above Newton converges monotonically).
+    q = expected / (1.0 + expected)
+    for _ in range(50):
+        total, slope, power = 0.0, 0.0, 1.0
+        for i in range(1, n + 1):
+            slope += i * power
+            power *= q
+            total += power
+        step = (total - expected) / slope
+        q = min(1.0, q - step)
+        if abs(step) < 1e-9:
+            break
     out, v = [], 1.0
     for _ in range(n):
         v *= q
@@ -127,19 +133,45 @@ def geometric_values(expected: float, n: int) -> list:
     return out
 
 
-def match_length(tree: Tree, committed: Sequence[int]) -> int:
-    """How many of ``committed`` (the step's accepted tokens then the bonus)
-    the tree drafts along one path from its root."""
+def tree_from_links(first_child: Sequence[int], next_sibling: Sequence[int]) -> tuple:
+    """A verify tree's nodes below its root (node 0) from SGLang's links
+    (``retrieve_next_token`` / ``retrieve_next_sibling`` of one request):
+    ``(nodes, parents)``, nodes in index order (parents before children, as
+    EAGLE lays them out), ``parents[k]`` an index into ``nodes`` or -1 for
+    the root. Nodes not linked to the root are left out."""
+    width = len(first_child)
+    parent = [-2] * width
+    stack = [0]
+    while stack:
+        node = stack.pop()
+        child = first_child[node]
+        while child != -1:
+            parent[child] = node
+            stack.append(child)
+            child = next_sibling[child]
+    nodes = [i for i in range(1, width) if parent[i] != -2]
+    slot = {i: k for k, i in enumerate(nodes)}
+    return nodes, [-1 if parent[i] == 0 else slot[parent[i]] for i in nodes]
+
+
+def match_path(tree: Tree, committed: Sequence[int]) -> list:
+    """The tree's nodes along the longest path that drafts a prefix of
+    ``committed`` (the step's accepted tokens then the bonus)."""
     children: dict = {}
     for i, p in enumerate(tree.parents):
         children.setdefault(p, []).append(i)
-    node, m = -1, 0
+    node, path = -1, []
     for token in committed:
-        nxt = next((c for c in children.get(node, ()) if tree.tokens[c] == token), None)
-        if nxt is None:
+        node = next((c for c in children.get(node, ()) if tree.tokens[c] == token), None)
+        if node is None:
             break
-        node, m = nxt, m + 1
-    return m
+        path.append(node)
+    return path
+
+
+def match_length(tree: Tree, committed: Sequence[int]) -> int:
+    """How many of ``committed`` the tree drafts along one path from its root."""
+    return len(match_path(tree, committed))
 
 
 class _Ratio:
@@ -172,6 +204,7 @@ class HybridPolicy:
         self.trie_bins = [_Ratio(TRIE_PRIOR) for _ in range(TRIE_BINS)]
         # P(EAGLE's tree accepted to depth d | to depth d - 1), d = 1..width-1
         self.eagle_depth = [_Ratio(EAGLE_RATE_PRIOR) for _ in range(max(width - 1, 0))]
+        self.eagle_best = _Ratio(EAGLE_RATE_PRIOR)  # the value of EAGLE's best node, on average
 
     def resize(self, width: int) -> None:
         """The verify width changed (adaptive EAGLE steps): keep what was measured."""
@@ -200,17 +233,24 @@ class HybridPolicy:
         return out
 
     def eagle_tree(self, tokens: Sequence[int], parents: Sequence[int], scores: Optional[Sequence[float]] = None) -> Tree:
-        """EAGLE's draft with its nodes' values: the measured acceptance to the
-        node's depth, shared among that depth's nodes by the draft model's
-        ``scores`` (equally without them)."""
-        depth = _depths(parents)
-        per_depth = self.eagle_chain_values(max(depth, default=0))
-        weight = [float(s) for s in scores] if scores is not None else [1.0] * len(tokens)
-        total: dict = {}
-        for d, w in zip(depth, weight):
-            total[d] = total.get(d, 0.0) + w
-        values = [per_depth[d - 1] * (w / total[d] if total[d] > 0 else 1.0 / depth.count(d))
-                  for d, w in zip(depth, weight)]
+        """EAGLE's draft with its nodes' values: the parent's value times the
+        measured rate at the node's depth, shared among siblings by the draft
+        model's ``scores`` (equally without them)."""
+        n = len(tokens)
+        weight = [float(x) for x in scores] if scores is not None else [1.0] * n
+        siblings: dict = {}
+        for i, p in enumerate(parents):
+            siblings[p] = siblings.get(p, 0.0) + weight[i]
+        values, depth = [], []
+        for i, p in enumerate(parents):
+            d = 1 if p < 0 else depth[p] + 1
+            depth.append(d)
+            up = 1.0 if p < 0 else values[p]
+            rate = self.eagle_depth[d - 1].value if d - 1 < len(self.eagle_depth) else 0.0
+            total = siblings[p]
+            values.append(min(MAX_VALUE, up * rate * (weight[i] / total if total > 0 else 1.0 / parents.count(p))))
+        if values:
+            self.eagle_best.add(max(values), 1.0)
         return Tree(list(tokens), list(parents), values)
 
     def eagle_expected(self) -> float:
@@ -226,7 +266,7 @@ class HybridPolicy:
             return False
         if self.chains:
             return sum(trie.values) > self.eagle_expected()
-        return len(trie) >= self.width - 1 and min(trie.values) >= self.eagle_depth[0].value
+        return len(trie) >= self.width - 1 and min(trie.values) >= self.eagle_best.value
 
     def choose(self, trie: Tree, eagle: Optional[Tree]) -> Choice:
         """This step's tree of one request; ``eagle`` is None when EAGLE did not draft."""
@@ -253,12 +293,13 @@ class HybridPolicy:
             m_t = match_length(trie, committed)
             self._trie_bin(trie_expected, len(trie)).add(m_t, trie_expected)
         if eagle is not None and len(eagle):
-            m_e = match_length(eagle, committed)
-            # Depth d is observed where the tree reached d - 1 and the
-            # committed tokens go that far.
-            deepest = max(_depths(eagle.parents))
-            for d in range(1, min(deepest, len(committed), len(self.eagle_depth)) + 1):
-                if m_e < d - 1:
+            path = match_path(eagle, committed)
+            m_e = len(path)
+            # Depth d is observed where the tree's accepted node at d - 1 has
+            # children and the committed tokens go that far.
+            has_children = set(eagle.parents)
+            for d in range(1, min(len(committed), len(self.eagle_depth)) + 1):
+                if m_e < d - 1 or (-1 if d == 1 else path[d - 2]) not in has_children:
                     break
                 self.eagle_depth[d - 1].add(1.0 if m_e >= d else 0.0, 1.0)
         return m_t, m_e
@@ -267,15 +308,9 @@ class HybridPolicy:
         return {
             "trie_calibration": [round(r.value, 3) for r in self.trie_bins],
             "eagle_depth_rates": [round(r.value, 4) for r in self.eagle_depth],
+            "eagle_best_node_value": round(self.eagle_best.value, 4),
             "eagle_chain_expected": round(self.eagle_expected(), 4),
         }
-
-
-def _depths(parents: Sequence[int]) -> list:
-    depth = []
-    for p in parents:
-        depth.append(1 if p < 0 else depth[p] + 1)
-    return depth
 
 
 def _best_of_union(trie: Tree, eagle: Tree, budget: int) -> Choice:

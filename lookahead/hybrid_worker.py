@@ -56,7 +56,7 @@ from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
 from lookahead import sglang_hooks
 from lookahead.cache import LookaheadCache
-from lookahead.hybrid import EMPTY, HybridPolicy, Tree
+from lookahead.hybrid import EMPTY, HybridPolicy, tree_from_links
 from lookahead.hybrid_stats import HybridStats
 from lookahead.request_feed import RequestFeed
 from lookahead.server_args import get_hybrid_args
@@ -273,19 +273,8 @@ class LookaheadHybridWorker(EAGLEWorkerV2):
         score_rows = scores.tolist() if scores is not None else None
         trees = []
         for b in range(bs):
-            parent = [-2] * width  # -2: not reached from the root
-            stack = [0]
-            while stack:
-                node = stack.pop()
-                child = first[b][node]
-                while child != -1:
-                    parent[child] = node
-                    stack.append(child)
-                    child = sibling[b][child]
-            nodes = [i for i in range(1, width) if parent[i] != -2]  # topological: parents have lower indices
-            slot = {i: k for k, i in enumerate(nodes)}
+            nodes, pars = tree_from_links(first[b], sibling[b])
             toks = [tokens[b][i] for i in nodes]
-            pars = [-1 if parent[i] == 0 else slot[parent[i]] for i in nodes]
             raw = [score_rows[b][i - 1] for i in nodes] if score_rows is not None else None
             trees.append(self.policy.eagle_tree(toks, pars, raw))
         return trees

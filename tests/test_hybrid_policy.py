@@ -65,15 +65,20 @@ def test_tree_union_merges_shared_paths():
     assert c.source == EAGLE and c.unchanged_eagle
 
 
-def test_skip_needs_every_trie_node_above_eagles_first_token_rate():
+def test_skip_needs_every_trie_node_above_eagles_best_node():
     p = HybridPolicy(width=4, chains=False)
     assert p.trie_suffices(Tree([1, 2, 3], [-1, 0, 1], [0.9, 0.8, 0.7]))
     assert not p.trie_suffices(Tree([1, 2, 3], [-1, 0, 1], [0.9, 0.8, 0.5]))
     assert not p.trie_suffices(Tree([1, 2], [-1, 0], [0.9, 0.8]))  # not the full width
-    # Above EAGLE's measured first-level rate only.
+    # Above what EAGLE's best node has been worth only: here two equal depth-1
+    # candidates accepted half the time, a quarter each.
     for _ in range(200):
-        p.observe([7], None, 0.0, Tree([1], [-1]))
-    assert p.trie_suffices(Tree([1, 2, 3], [-1, 0, 1], [0.3, 0.2, 0.1]))
+        p.observe([7], None, 0.0, Tree([7, 8, 9], [-1, -1, 0]))
+        p.observe([5], None, 0.0, Tree([7, 8, 9], [-1, -1, 0]))
+        p.eagle_tree([7, 8, 9], [-1, -1, 0], scores=[0.5, 0.5, 0.1])
+    assert p.eagle_best.value == pytest.approx(0.25, abs=0.03)
+    assert p.trie_suffices(Tree([1, 2, 3], [-1, 0, 1], [0.4, 0.35, 0.3]))
+    assert not p.trie_suffices(Tree([1, 2, 3], [-1, 0, 1], [0.4, 0.35, 0.2]))
 
 
 def test_measurement_moves_the_estimates():

@@ -134,9 +134,9 @@ def test_hybrid_accepts_at_least_the_better_of_eagle_and_lookahead(runs, fixture
     al = {algo: _al(runs["runs"][f"{algo}-{shape}"]["outputs"], mixed) for algo in ("eagle", "lookahead", "hybrid")}
     assert al["hybrid"] >= max(al["eagle"], al["lookahead"]), al
     # On fresh text the hybrid is EAGLE. On copied text it is within 10% of
-    # LOOKAHEAD: a copy request's second step drafts from a single one-token
-    # match, which the trie values below EAGLE until drafts that weak have
-    # been measured to hold (here, after a few requests; docs/hybrid.md).
+    # LOOKAHEAD (3.97 against 4.0 at width 4 when measured): a copy request's
+    # first trie draft comes from a single one-token match, which the hybrid
+    # values below EAGLE until drafts that weak have been measured to hold.
     for kind, rival, share in (("copy", "lookahead", 0.9), ("fresh", "eagle", 0.97)):
         ids = fixtures["index"][kind]
         hybrid, other = (_al(runs["runs"][f"{a}-{shape}"]["outputs"], ids) for a in ("hybrid", rival))

@@ -94,3 +94,12 @@ def test_scope_of_follows_sglangs_keys():
     assert RequestFeed(None, isolation="none").scope_of(make_req("r", [1], cache_salt="s")) == (None, True)
     assert RequestFeed(None, isolation="request").scope_of(make_req("r", [1], cache_salt="s")) == (None, False)
     assert set(ISOLATION_MODES) == {"salt", "none", "request"}
+
+
+def test_context_is_the_tail_of_prompt_output_and_pending():
+    req = make_req("ctx", [1, 2, 3, 4, 5])
+    assert RequestFeed.context_of(req, (), 3) == [3, 4, 5]
+    req.output_ids.extend([6, 7])
+    assert RequestFeed.context_of(req, (), 4) == [4, 5, 6, 7]
+    assert RequestFeed.context_of(req, [8, 9], 3) == [7, 8, 9]
+    assert RequestFeed.context_of(req, [8], 20) == [1, 2, 3, 4, 5, 6, 7, 8]

@@ -31,6 +31,8 @@ class HybridStats:
         self.passthrough = 0  # decode steps that verified EAGLE's own verify input unchanged
         self.trie_seconds = 0.0
         self.trie_calls = 0
+        self.host_seconds = 0.0  # the hybrid's own host work: planning, choosing, laying out, scoring
+        self.host_steps = 0
         self.listeners = []
         self._last_log = time.monotonic()
         self._window = Counter()
@@ -41,6 +43,7 @@ class HybridStats:
         else:
             self.eagle_skipped += 1
         self.passthrough += int(passthrough)
+        self.host_steps += 1
         for s in sources:
             self.request_steps[s] += 1
         self._window["steps"] += 1
@@ -53,6 +56,9 @@ class HybridStats:
         self.trie_calls += 1
         for listener in self.listeners:
             listener("trie", seconds=seconds)
+
+    def record_host(self, seconds: float) -> None:
+        self.host_seconds += seconds
 
     def record_accept(self, sources: list, num_correct_drafts_per_req: list) -> None:
         for s, n in zip(sources, num_correct_drafts_per_req):
@@ -80,6 +86,8 @@ class HybridStats:
             "eagle_skipped_steps": self.eagle_skipped,
             "eagle_passthrough_steps": self.passthrough,
             "trie_draft_us_per_call": round(1e6 * self.trie_seconds / self.trie_calls, 2) if self.trie_calls else 0.0,
+            # Includes the trie draft, not EAGLE's draft or the verify.
+            "hybrid_host_us_per_step": round(1e6 * self.host_seconds / self.host_steps, 2) if self.host_steps else 0.0,
         }
         if policy is not None:
             out["policy"] = policy.snapshot()

@@ -166,7 +166,9 @@ class LookaheadHybridWorker(EAGLEWorkerV2):
         elif (decode and self._draft_worker is not None
               and not batch.is_extend_in_batch and self.speculative_num_steps > 0
               and not (batch.spec_info is not None and batch.spec_info.is_verify_input())):
+            t0 = time.perf_counter()
             self._step = self._plan(batch)
+            self.stats.record_host(time.perf_counter() - t0)
         extend = batch.forward_mode.is_extend()
         bases = [len(r.output_ids) for r in batch.reqs] if extend and self.enable_overlap else None
         result = super().forward_batch_generation(batch, on_publish=on_publish, grammar_barrier=grammar_barrier,
@@ -249,12 +251,21 @@ class LookaheadHybridWorker(EAGLEWorkerV2):
         step = self._step
         if step is None or with_topology:
             return self._eagle_draft(batch, with_topology=with_topology)
-        bs = len(step.rids)
         eagle_input, scores = None, None
         if not step.skip_eagle:
             sglang_hooks.take_eagle_scores()
             eagle_input = self._eagle_draft(batch)
             scores = sglang_hooks.take_eagle_scores()
+        t0 = time.perf_counter()
+        try:
+            return self._choose(batch, step, eagle_input, scores)
+        finally:
+            self.stats.record_host(time.perf_counter() - t0)
+
+    def _choose(self, batch: ScheduleBatch, step: _Step, eagle_input, scores):
+        """Each request's tree, and the verify input that carries them."""
+        bs = len(step.rids)
+        if eagle_input is not None:
             step.eagle = self._eagle_trees(eagle_input, bs, step.width, scores)
         else:
             step.eagle = [None] * bs

@@ -1,7 +1,7 @@
 """Plain decoding, EAGLE, LOOKAHEAD and LOOKAHEAD + EAGLE side by side (CPU engine).
 
 The replay (``lookahead.replay``) cannot run a draft model, so this runs real
-``sgl.Engine``s on the fixtures of ``lookahead.testing.eagle_fixtures``: the
+SGLang servers (``launch_server``) on the fixtures of ``lookahead.testing.eagle_fixtures``: the
 bigram target, its EAGLE-1 head that agrees on 63% of the vocabulary
 (``--head exact``: on all of it), and token-id prompts that copy their answer,
 hold none of it, or hold parts of it, decoded in batches of one kind each
@@ -9,9 +9,16 @@ hold none of it, or hold parts of it, decoded in batches of one kind each
 2) at the same verify width, it reports per kind of prompt the acceptance
 length (committed tokens per verify step, SGLang's ``spec_accept_length``
 over the kind's requests), the output tokens/s of the whole run, and the
-output tokens per CPU-second the engine's processes used (on a shared
-machine, wall time also counts the other jobs' turns; CPU time much less),
-then prints a markdown table and writes JSON.
+output tokens per CPU-second the engine's processes used. The engines of one
+shape and a plain one run side by side and take turns, ``--rounds`` runs of
+the prompt set each, so the load of a shared machine drifts over all of
+them alike; the figures are medians over the rounds, and "vs plain" is the
+median of each round's ratio to plain decoding's run in the same round.
+Every run has its own ``cache_salt``: no run drafts from (or prefills from)
+another's text. The hybrid's counters (steps skipped) cover all rounds. On
+CPU the servers run with ``TORCHDYNAMO_DISABLE=1``: EAGLE's draft loop has
+``torch.compile``'d helpers whose C++ compilation for each new shape would
+otherwise land in the timed runs.
 
     .venv/bin/python scripts/bench_hybrid.py [--batch 4] [--length 64] [--grouping kind] [--json out.json]
 
@@ -24,8 +31,10 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -64,27 +73,37 @@ def _cpu_seconds(procs) -> float:
     return total
 
 
-def _generate(engine, batch: list, sampling: dict) -> list:
-    if isinstance(batch[0], list):  # token ids
-        return engine.generate(input_ids=batch, sampling_params=sampling)
-    return engine.generate(batch, sampling)
+def _post(url: str, payload: dict):
+    req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=1800) as r:
+        return json.loads(r.read())
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=60) as r:
+        return r.read().decode()
+
+
+def _generate(url: str, batch: list, sampling: dict, salt: str = None) -> list:
+    """One ``/generate`` call for the batch (decoded together)."""
+    key = "input_ids" if isinstance(batch[0], list) else "text"
+    payload = {key: batch, "sampling_params": sampling}
+    if salt:
+        payload["cache_salt"] = [salt] * len(batch)
+    out = _post(url + "/generate", payload)
+    return out if isinstance(out, list) else [out]
 
 
 def run(args) -> list:
-    sys.path.insert(0, str(REPO))
-    from lookahead.testing.cpu_env import apply_cpu_env, cpu_engine_kwargs, default_cache_dir
-
-    if args.device == "cpu":
-        apply_cpu_env()
-    import sglang as sgl
-
+    sys.path[:0] = [str(REPO), str(REPO / "tests")]
+    from lookahead.testing.cpu_env import cpu_env, cpu_server_args, default_cache_dir
     from lookahead.testing.eagle_fixtures import bigram_prompts, build_fixtures
+    from lookahead.testing.server import SGLangServer
 
     if args.model_path:
-        target, head = args.model_path, args.draft_model_path
-        sys.path.insert(0, str(REPO / "tests"))
         from e2e_driver import prompts as text_prompts
 
+        target, head = args.model_path, args.draft_model_path
         by_kind = {"text": text_prompts()}
     else:
         paths = build_fixtures(default_cache_dir() / "eagle")
@@ -96,46 +115,107 @@ def run(args) -> list:
         flat = [item for row in itertools.zip_longest(*lists) for item in row if item is not None]
     else:  # batches of one kind each (a batch of copying requests skips EAGLE's draft)
         flat = [item for kind_list in lists for item in kind_list]
+    env = cpu_env() if args.device == "cpu" else dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    if args.device == "cpu":
+        # SGLang's EAGLE draft loop has torch.compile'd helpers; on CPU each new
+        # shape compiles C++ for seconds, in the middle of a timed run. Eager
+        # everywhere, for every config alike.
+        env["TORCHDYNAMO_DISABLE"] = "1"
+    out_dir = Path(args.log_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    def start(name, extra):
+        flags = dict(max_total_tokens=32768, max_running_requests=max(8, args.batch), **extra)
+        server_args = cpu_server_args(**flags) if args.device == "cpu" else _flags(flags)
+        server = SGLangServer(target, server_args, env, out_dir / f"{name}.log").start(timeout=900)
+        for i in range(0, len(flat), args.batch):  # warm-up: every batch shape once
+            _generate(server.url, [p for _, p in flat[i:i + args.batch]], {**sampling, "max_new_tokens": 8}, "warm-up")
+        return server
+
+    def measure(server, salt):
+        procs = [psutil.Process(server.proc.pid), *psutil.Process(server.proc.pid).children(recursive=True)]
+        per_kind = {k: [0, 0] for k in by_kind}
+        cpu0, tokens, t0 = _cpu_seconds(procs), 0, time.perf_counter()
+        for i in range(0, len(flat), args.batch):
+            group = flat[i:i + args.batch]
+            # A salt per run: no run drafts from (or prefills from) another's text.
+            for (kind, _), out in zip(group, _generate(server.url, [p for _, p in group], sampling, salt)):
+                meta = out["meta_info"]
+                per_kind[kind][0] += meta["completion_tokens"]
+                per_kind[kind][1] += meta.get("spec_verify_ct") or meta["completion_tokens"]
+                tokens += meta["completion_tokens"]
+        return {"seconds": time.perf_counter() - t0, "cpu": _cpu_seconds(procs) - cpu0, "tokens": tokens,
+                "per_kind": per_kind}
+
     rows = []
-    for name, shape, extra in _configs(head, args.shapes):
-        base = dict(max_total_tokens=32768, max_running_requests=max(8, args.batch)) if args.device == "cpu" else {}
-        kwargs = cpu_engine_kwargs(**base, **extra) if args.device == "cpu" else {**extra, "device": args.device}
-        engine = sgl.Engine(model_path=target, log_level="error", **kwargs)
-        try:
-            _generate(engine, [flat[0][1]], {**sampling, "max_new_tokens": 8})  # warm-up
-            per_kind = {k: [0, 0] for k in by_kind}
-            procs = psutil.Process().children(recursive=True)  # the scheduler and detokenizer
-            cpu0 = _cpu_seconds(procs)
-            tokens, t0 = 0, time.perf_counter()
-            for start in range(0, len(flat), args.batch):
-                group = flat[start:start + args.batch]
-                outs = _generate(engine, [p for _, p in group], sampling)
-                for (kind, _), out in zip(group, outs):
-                    meta = out["meta_info"]
-                    per_kind[kind][0] += meta["completion_tokens"]
-                    per_kind[kind][1] += meta.get("spec_verify_ct") or meta["completion_tokens"]
-                    tokens += meta["completion_tokens"]
-            seconds = time.perf_counter() - t0
-            cpu = _cpu_seconds(procs) - cpu0
-            info = engine.get_server_info()["internal_states"][0].get("lookahead_hybrid")
-        finally:
-            engine.shutdown()
-        row = {"config": name, "shape": shape, "tokens_per_s": tokens / seconds, "seconds": seconds,
-               "tokens_per_cpu_s": tokens / cpu, "cpu_seconds": cpu,
-               "accept_length": {k: v[0] / v[1] for k, v in per_kind.items()},
-               "accept_length_all": sum(v[0] for v in per_kind.values()) / sum(v[1] for v in per_kind.values())}
-        if info:
-            row["hybrid"] = {k: info[k] for k in ("request_steps", "accept_length", "eagle_skipped_steps",
-                                                  "eagle_drafted_steps", "policy")}
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+    configs = _configs(head, args.shapes)
+    plain = start("plain", configs[0][2])
+    try:
+        for shape in args.shapes:
+            servers = {}
+            try:
+                for name, sh, extra in configs:
+                    if sh == shape:
+                        servers[name] = start(f"{name}-{shape}", extra)
+                runs = {name: [] for name in ["plain", *servers]}
+                for r in range(args.rounds):
+                    # Interleaved: every round runs every server once, so the
+                    # machine's load drifts over all configs alike.
+                    for name, server in [("plain", plain), *servers.items()]:
+                        runs[name].append(measure(server, f"{shape}-{r}-{name}"))
+                infos = {name: json.loads(_get(server.url + "/get_server_info"))["internal_states"][0]
+                         .get("lookahead_hybrid") for name, server in servers.items()}
+            finally:
+                for server in servers.values():
+                    server.stop()
+            for name in runs:
+                if name == "plain" and any(row["config"] == "plain" for row in rows):
+                    continue
+                rows.append(_row(name, "-" if name == "plain" else shape, runs[name], runs["plain"],
+                                 infos.get(name)))
+                print(json.dumps(rows[-1]), flush=True)
+    finally:
+        plain.stop()
     return rows
+
+
+def _flags(flags: dict) -> list:
+    out = []
+    for key, value in flags.items():
+        if value is True:
+            out.append("--" + key.replace("_", "-"))
+        elif value not in (False, None):
+            out += ["--" + key.replace("_", "-"), str(value)]
+    return out
+
+
+def _median(values):
+    values = sorted(values)
+    n = len(values)
+    return values[n // 2] if n % 2 else 0.5 * (values[n // 2 - 1] + values[n // 2])
+
+
+def _row(name: str, shape: str, runs: list, plain_runs: list, info) -> dict:
+    """Medians over the interleaved rounds; speed-ups against plain decoding's
+    run of the same round."""
+    per_kind = runs[0]["per_kind"]  # greedy: every round commits the same tokens in the same steps
+    row = {"config": name, "shape": shape,
+           "tokens_per_s": _median([r["tokens"] / r["seconds"] for r in runs]),
+           "tokens_per_cpu_s": _median([r["tokens"] / r["cpu"] for r in runs if r["cpu"] > 0]),
+           "vs_plain": _median([p["seconds"] / r["seconds"] for r, p in zip(runs, plain_runs)]),
+           "cpu_vs_plain": _median([p["cpu"] / r["cpu"] for r, p in zip(runs, plain_runs) if r["cpu"] > 0]),
+           "rounds": [{"seconds": round(r["seconds"], 3), "cpu": round(r["cpu"], 3)} for r in runs],
+           "accept_length": {k: v[0] / v[1] for k, v in per_kind.items()},
+           "accept_length_all": sum(v[0] for v in per_kind.values()) / sum(v[1] for v in per_kind.values())}
+    if info:
+        row["hybrid"] = {k: info[k] for k in ("request_steps", "accept_length", "eagle_skipped_steps",
+                                              "eagle_drafted_steps", "policy")}
+    return row
 
 
 def table(rows: list) -> str:
     kinds = list(rows[0]["accept_length"])
-    plain = next(r["tokens_per_s"] for r in rows if r["config"] == "plain")
-    plain_cpu = next(r["tokens_per_cpu_s"] for r in rows if r["config"] == "plain")
     head = ["config", "shape"] + [f"AL {k}" for k in kinds] + [
         "AL all", "tok/s", "vs plain", "tok per CPU-s", "vs plain", "EAGLE steps skipped"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -146,8 +226,8 @@ def table(rows: list) -> str:
             total = h["eagle_skipped_steps"] + h["eagle_drafted_steps"]
             skipped = f"{h['eagle_skipped_steps']} / {total}"
         cells = [r["config"], r["shape"]] + [f"{r['accept_length'][k]:.2f}" for k in kinds] + [
-            f"{r['accept_length_all']:.2f}", f"{r['tokens_per_s']:.1f}", f"{r['tokens_per_s'] / plain:.2f}x",
-            f"{r['tokens_per_cpu_s']:.1f}", f"{r['tokens_per_cpu_s'] / plain_cpu:.2f}x", skipped]
+            f"{r['accept_length_all']:.2f}", f"{r['tokens_per_s']:.1f}", f"{r['vs_plain']:.2f}x",
+            f"{r['tokens_per_cpu_s']:.1f}", f"{r['cpu_vs_plain']:.2f}x", skipped]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -157,6 +237,7 @@ def main(argv=None) -> None:
     parser.add_argument("--batch", type=int, default=4, help="requests per generate call (decode batch size)")
     parser.add_argument("--length", type=int, default=64, help="output tokens per request")
     parser.add_argument("--head", choices=["noisy", "exact"], default="noisy")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved runs of the prompt set per engine")
     parser.add_argument("--grouping", choices=["kind", "mixed"], default="kind",
                         help="batches of one kind of prompt each, or mixing the kinds")
     parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
@@ -164,6 +245,7 @@ def main(argv=None) -> None:
     parser.add_argument("--draft-model-path")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--log-dir", default="artifacts/bench_hybrid", help="the servers' logs")
     args = parser.parse_args(argv)
     rows = run(args)
     print()

@@ -169,11 +169,8 @@ def run(args) -> list:
             finally:
                 for server in servers.values():
                     server.stop()
-            for name in runs:
-                if name == "plain" and any(row["config"] == "plain" for row in rows):
-                    continue
-                rows.append(_row(name, "-" if name == "plain" else shape, runs[name], runs["plain"],
-                                 infos.get(name)))
+            for name in runs:  # plain decoding's row per shape: its rounds ran beside that shape's servers
+                rows.append(_row(name, shape, runs[name], runs["plain"], infos.get(name)))
                 print(json.dumps(rows[-1]), flush=True)
     finally:
         plain.stop()
@@ -210,7 +207,8 @@ def _row(name: str, shape: str, runs: list, plain_runs: list, info) -> dict:
            "accept_length_all": sum(v[0] for v in per_kind.values()) / sum(v[1] for v in per_kind.values())}
     if info:
         row["hybrid"] = {k: info[k] for k in ("request_steps", "accept_length", "eagle_skipped_steps",
-                                              "eagle_drafted_steps", "policy")}
+                                              "eagle_drafted_steps", "eagle_passthrough_steps",
+                                              "trie_draft_us_per_call", "hybrid_host_us_per_step", "policy")}
     return row
 
 

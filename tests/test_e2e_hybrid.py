@@ -105,7 +105,8 @@ def _al(outputs: dict, ids) -> float:
     return tokens / steps
 
 
-@pytest.mark.parametrize("run", ["eagle-chain", "hybrid-chain", "eagle-tree", "hybrid-tree", "hybrid-chain-overlap"])
+@pytest.mark.parametrize("run", ["eagle-chain", "hybrid-chain", "eagle-tree", "hybrid-tree", "hybrid-chain-overlap",
+                                 "lookahead-chain", "lookahead-tree"])
 def test_greedy_output_identical_to_plain_decoding(runs, run):
     plain = runs["runs"]["plain"]["outputs"]
     spec = runs["runs"][run]["outputs"]

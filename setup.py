@@ -16,17 +16,23 @@ if sanitize:
     compile_args[-1:] = ["-O1", "-g", "-fno-omit-frame-pointer", f"-fsanitize={sanitize}"]
     link_args.append(f"-fsanitize={sanitize}")
 
+# The native trie, one extension module per idea; they share declarations
+# through .pxd files (lookahead/_native.pxd, and one beside each module that
+# others cimport) and call each other's cdef functions natively.
+NATIVE_MODULES = ("_tokens", "_store", "_draft_tree", "_drafting")
+
 extensions = [
     Extension(
-        "lookahead._trie",
-        ["lookahead/_trie.pyx"],
+        f"lookahead.{name}",
+        [f"lookahead/{name}.pyx"],
         include_dirs=[np.get_include(), "lookahead"],
-        depends=["lookahead/_native.hpp"],
+        depends=["lookahead/_native.hpp", "lookahead/_native.pxd"],
         language="c++",
         extra_compile_args=compile_args,
         extra_link_args=link_args,
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     )
+    for name in NATIVE_MODULES
 ]
 
 setup(
@@ -37,7 +43,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["lookahead", "lookahead.*"]),
-    package_data={"lookahead": ["*.pyx", "*.hpp"], "lookahead.testing": ["cpu_sgl_kernel/**/*.py"]},
+    package_data={"lookahead": ["*.pyx", "*.pxd", "*.hpp"], "lookahead.testing": ["cpu_sgl_kernel/**/*.py"]},
     ext_modules=cythonize(extensions, compiler_directives={"language_level": "3"}),
     install_requires=["sglang==0.5.23", "numpy", "torch"],
     extras_require={

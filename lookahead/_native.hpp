@@ -88,7 +88,7 @@ template <class T>
 using BigVector = std::vector<T, HugePageAllocator<T>>;
 
 // One token stream and its n-gram occurrence index (see TokenStore in
-// _trie.pyx, which holds one of these and implements its operations).
+// _store.pyx, which holds one of these and implements its operations).
 struct NativeStore {
   BigVector<int32_t> tok;
   std::vector<BigVector<uint32_t>> prev;  // per order: distance to previous occurrence (0: none)
@@ -132,7 +132,7 @@ inline bool reserve_store(NativeStore* s, int64_t cap, int hbits) noexcept {
 }
 
 // Size a new store's arrays from its capacity, hash bits and orders: every
-// token a separator (-1, SEPARATOR in _trie.pyx), every link and chain head
+// token a separator (-1, SEPARATOR in _native.pxd), every link and chain head
 // empty (0, as the allocator hands them out: not written here).  A
 // std::bad_alloc reaches Python as MemoryError (declared ``except +``), so a
 // memory budget the process cannot hold is an error, not an abort.
@@ -154,7 +154,7 @@ inline int64_t store_base(const NativeStore* s) noexcept {
 }
 
 // The position that a chain head or link target ``e`` ((position + 1) mod
-// 2**32) names, as _latest in _trie.pyx reads it.
+// 2**32) names, as _latest in _drafting.pyx reads it.
 inline int64_t head_position(const NativeStore* s, uint32_t e) noexcept {
   return s->n - 1 - static_cast<int64_t>(static_cast<uint32_t>(static_cast<uint32_t>(s->n) - e));
 }

@@ -24,7 +24,9 @@ from typing import Any, Hashable, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from lookahead._trie import DraftConfig, Drafter, Inserter, TokenStore, read_tokens
+from lookahead._drafting import DraftConfig, Drafter
+from lookahead._store import Inserter, TokenStore
+from lookahead._tokens import read_tokens
 from lookahead.host import memory_short_of
 from lookahead.scopes import Drop, ScopeBudget, check_scope
 from lookahead.tokens import MAX_TOKEN_ID, check_budget

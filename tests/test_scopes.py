@@ -39,7 +39,8 @@ for _p in (str(REPO), str(Path(__file__).resolve().parent)):
         sys.path.insert(0, _p)
 
 from lookahead import LookaheadCache, LookaheadConfig  # noqa: E402
-from lookahead._trie import DraftConfig, Drafter, TokenStore  # noqa: E402
+from lookahead._drafting import DraftConfig, Drafter  # noqa: E402
+from lookahead._store import TokenStore  # noqa: E402
 from lookahead.cache import Draft  # noqa: E402
 from lookahead.scopes import MIN_CAPACITY, Drop, Resize, ScopeBudget  # noqa: E402
 from draft_paths import check_paths_in_history  # noqa: E402

@@ -1,4 +1,4 @@
-"""The drafting core (``lookahead._trie`` behind ``LookaheadCache``) and the replay CLI.
+"""The drafting core (the native trie behind ``LookaheadCache``) and the replay CLI.
 
 * Property tests: the native drafts equal those of the pure-Python reference
   model in ``trie_reference.py`` (tokens and parents, call for call), and
@@ -983,7 +983,7 @@ def test_what_the_process_cannot_allocate_is_a_memory_error():
         import numpy as np
         sys.path.insert(0, sys.argv[1])
         from lookahead import LookaheadCache
-        from lookahead._trie import Inserter, TokenStore
+        from lookahead._store import Inserter, TokenStore
         huge_output = np.ones(60_000_000, dtype=np.int32)
         cache = LookaheadCache(max_memory_bytes=1 << 30)  # histories are allocated as they grow
         cache.put_prompt("r", [1, 2, 3, 1, 2])
@@ -1071,7 +1071,7 @@ def test_prompt_indexing_progresses_under_back_to_back_batch_drafts():
     time per chunk: a prompt is indexed even while another thread drafts
     batches without pause (inside ``batch_draft`` a draft is always
     running)."""
-    from lookahead._trie import drafts_running
+    from lookahead._store import drafts_running
 
     marker, tail = list(range(1, 9)), [9, 10, 11, 12]
     big = np.random.default_rng(2).integers(1000, 50000, size=1 << 15).astype(np.int32)
@@ -1109,7 +1109,7 @@ def test_drafts_running_is_zero_after_every_kind_of_return():
     """The count the insert thread yields to is balanced even when a draft
     raises: otherwise every later prompt would be indexed at the slow,
     yielding pace."""
-    from lookahead._trie import drafts_running
+    from lookahead._store import drafts_running
 
     with open_cache() as cache:
         cache.put_prompt("a", [1, 2, 3, 1, 2])

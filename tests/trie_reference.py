@@ -1,6 +1,7 @@
 """A pure-Python reference model of the drafting core (the executable spec).
 
-It reproduces, call for call, the drafts that ``lookahead._trie`` and
+It reproduces, call for call, the drafts that the native trie
+(``lookahead._store``, ``_drafting``, ``_draft_tree``) and
 ``lookahead.cache.LookaheadCache`` return once every insert has been applied
 (that is, after ``synchronize()``): same tokens, same parents, same order.
 Speed is no concern here; readability is.

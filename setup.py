@@ -1,6 +1,7 @@
 """Build and install sglang-lookahead: the Cython trie and the SGLang plugin entry point."""
 
 import os
+import re
 
 import numpy as np
 from Cython.Build import cythonize
@@ -35,6 +36,10 @@ extensions = [
     for name in NATIVE_MODULES
 ]
 
+# The one SGLang release the plugin supports (checked at run time by
+# lookahead.check_sglang_version, pinned here for pip).
+SGLANG_VERSION = re.search(r'^SUPPORTED_SGLANG_VERSION = "([^"]+)"', open("lookahead/__init__.py").read(), re.M)[1]
+
 setup(
     name="sglang-lookahead",
     version="0.1.0",
@@ -45,7 +50,7 @@ setup(
     packages=find_packages(include=["lookahead", "lookahead.*"]),
     package_data={"lookahead": ["*.pyx", "*.pxd", "*.hpp"], "lookahead.testing": ["cpu_sgl_kernel/**/*.py"]},
     ext_modules=cythonize(extensions, compiler_directives={"language_level": "3"}),
-    install_requires=["sglang==0.5.23", "numpy", "torch"],
+    install_requires=[f"sglang=={SGLANG_VERSION}", "numpy", "torch"],
     extras_require={
         "test": ["pytest", "hypothesis", "matplotlib"],
         "gpu": ["flashinfer-python"],

@@ -90,25 +90,25 @@ cdef struct Candidate:
 
 
 cdef class DraftConfig:
-    """Tunable knobs of :func:`draft_one` (validated in lookahead.cache)."""
+    """The parameters of drafting, as the native code reads them: built by
+    ``lookahead._tuning.DraftTuning.native`` (which checks them), and passed
+    to every draft."""
     cdef DraftParams p
 
-    def __cinit__(self, int max_match=32, int max_walk=16, int max_candidates=32,
-                  int enough_candidates=12, double match_exponent=2.0,
-                  double local_weight=4.0, double chain_local_weight=4.0, int min_match=1, double confidence=0.0,
-                  double order_norm=0.0, int top_walk=0, int low_walk=0, int anchor_window=0,
-                  int anchor_below=4, int anchor_gap=24, int anchor_min=16, double copy_boost=0.0,
-                  int wildcard_tokens=0, double mismatch_weight=0.0, double wildcard_weight=0.0,
-                  double wildcard_pace=0.0, int wildcard_walk=4, double output_weight=1.0,
-                  double wildcard_below=float("inf")):
-        self.p.max_match = max_match
+    def __cinit__(self, *, int max_match_len, int max_walk, int max_candidates, int enough_candidates,
+                  double match_exponent, double local_weight, double chain_local_weight, int min_match_len,
+                  double confidence, double order_norm, int top_walk, int low_walk, int anchor_window,
+                  int anchor_below, int anchor_gap, int anchor_min, double copy_boost, int wildcard_tokens,
+                  double mismatch_weight, double wildcard_weight, double wildcard_pace, int wildcard_walk,
+                  double output_weight, double wildcard_below):
+        self.p.max_match = max_match_len
         self.p.max_walk = max_walk
         self.p.max_candidates = min(max_candidates, MAX_CANDIDATES_LIMIT)
         self.p.enough_candidates = enough_candidates
         self.p.match_exponent = match_exponent
         self.p.local_weight = local_weight
         self.p.chain_local_weight = chain_local_weight
-        self.p.min_match = min_match
+        self.p.min_match = min_match_len
         self.p.confidence = confidence
         self.p.order_norm = order_norm
         self.p.top_walk = top_walk

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 import contextlib
+import dataclasses
 import gc
 import io
 import json
@@ -37,6 +38,7 @@ for _p in (str(REPO), str(Path(__file__).resolve().parent)):
         sys.path.insert(0, _p)
 
 from lookahead import Draft, LookaheadCache, LookaheadConfig  # noqa: E402
+from lookahead._tuning import TUNING_FIELDS, DraftTuning  # noqa: E402
 from lookahead.replay import accepted_length, make_drafter, replay  # noqa: E402
 from lookahead.baselines import tree_from_mask  # noqa: E402
 from draft_paths import check_paths_in_history  # noqa: E402
@@ -46,9 +48,20 @@ SMALL_MEMORY = 1 << 16  # the smallest shared history: 1024 tokens with the defa
 PROPERTY_SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
+def configure(**knobs) -> tuple[LookaheadConfig, DraftTuning]:
+    """Options and tuning from one set of keywords (tests vary both)."""
+    tuning = {name: knobs.pop(name) for name in list(knobs) if name in TUNING_FIELDS}
+    return LookaheadConfig(**knobs), DraftTuning(**tuning)
+
+
 @contextlib.contextmanager
-def open_cache(config: LookaheadConfig | None = None, **kw):
-    cache = LookaheadCache(config, **kw) if config is not None else LookaheadCache(**kw)
+def open_cache(config: LookaheadConfig | None = None, tuning: DraftTuning | None = None, **knobs):
+    """A cache of ``config`` and ``tuning``, or of ``configure(**knobs)``."""
+    if config is None:
+        config, from_knobs = configure(**knobs)
+        assert tuning is None or from_knobs == DraftTuning(), "the tuning given twice"
+        tuning = from_knobs if tuning is None else tuning
+    cache = LookaheadCache(config, tuning=tuning)
     try:
         yield cache
     finally:
@@ -123,17 +136,17 @@ def run_against_reference(data, config_kwargs: dict, max_ops: int = 40) -> int:
     ``synchronize()``) must be identical, and come from the request's own
     stream and its scope's only.  Returns the number of non-empty drafts
     compared."""
-    cfg = LookaheadConfig(**config_kwargs)
+    cfg, tuning = configure(**config_kwargs)
     vocab = data.draw(st.sampled_from([5, 6, 7, 8]), label="vocab")
     tok = st.integers(0, vocab - 1)
     kinds = st.sampled_from(["list", "tuple", "int32", "int64"])
-    ref = RefCache(cfg)
+    ref = RefCache(cfg, tuning)
     live: dict = {}  # rid -> stream (prompt + outputs)
     scope_of: dict = {}  # rid -> its scope's name ("private": it shares nothing)
     histories: dict = {}  # scope -> every stream ever fed in it
     next_rid = 0
     nonempty = 0
-    with open_cache(cfg) as cache:
+    with open_cache(cfg, tuning) as cache:
         for _ in range(data.draw(st.sampled_from([3, max_ops // 2, max_ops]), label="ops")):
             choices = ["prompt"] + (["output", "output", "finish", "draft", "draft", "batch"] if live else [])
             action = data.draw(st.sampled_from(choices))
@@ -196,7 +209,7 @@ def run_against_reference(data, config_kwargs: dict, max_ops: int = 40) -> int:
                         # Only from its own stream and its scope's (isolation).
                         name = scope_of[rid]
                         seen = [live[rid]] if name == "private" else histories[name]
-                        check_paths_in_history(d, ctx, seen, max(cfg.wildcard_tokens, int(cfg.wildcard_weight > 0)))
+                        check_paths_in_history(d, ctx, seen, max(tuning.wildcard_tokens, int(tuning.wildcard_weight > 0)))
                     nonempty += bool(d.tokens)
     return nonempty
 
@@ -213,13 +226,14 @@ def test_matches_reference_random_config(data, config):
     run_against_reference(data, config)
 
 
-def _replay_against_reference(cfg: LookaheadConfig, requests, seed: int, draft_every: int = 1) -> tuple[int, int]:
+def _replay_against_reference(cfg: LookaheadConfig, requests, seed: int, draft_every: int = 1,
+                              tuning: DraftTuning | None = None) -> tuple[int, int]:
     """Serve ``requests`` (prompt, response) one at a time like the replay,
     feeding 1-3 response tokens per step, and compare every draft."""
     rng = random.Random(seed)
-    ref = RefCache(cfg)
+    ref = RefCache(cfg, tuning)
     compared = nonempty = 0
-    with open_cache(cfg) as cache:
+    with open_cache(cfg, tuning) as cache:
         for rid, (prompt, response) in enumerate(requests):
             cache.put_prompt(rid, prompt)
             ref.put_prompt(rid, prompt)
@@ -281,9 +295,9 @@ def test_reference_with_many_candidates():
     holds (max_candidates is capped at 256)."""
     rng = random.Random(9)
     requests = [([rng.randrange(3) for _ in range(300)], [rng.randrange(3) for _ in range(120)]) for _ in range(4)]
-    cfg = LookaheadConfig(max_memory_bytes=1 << 18, max_walk=400, max_candidates=1000, enough_candidates=1000,
-                          flush_tokens=32)
-    nonempty, _ = _replay_against_reference(cfg, requests, seed=2, draft_every=3)
+    cfg, tuning = configure(max_memory_bytes=1 << 18, max_walk=400, max_candidates=1000, enough_candidates=1000,
+                            flush_tokens=32)
+    nonempty, _ = _replay_against_reference(cfg, requests, seed=2, draft_every=3, tuning=tuning)
     assert nonempty > 60
 
 
@@ -718,6 +732,35 @@ def test_save_load_round_trip(tmp_path):
         loaded.close()
 
 
+def test_save_load_keeps_the_tuning(tmp_path):
+    """A saved cache loads with the tuning it drafted with (files written
+    before the tuning had an entry of its own keep it among the options),
+    unless the load is given another."""
+    tuning = DraftTuning(copy_boost=0.0, wildcard_tokens=1)
+    with open_cache(max_memory_bytes=1 << 16, tuning=tuning) as cache:
+        streams = _fill(cache, n=5)
+        cache.save(tmp_path / "new.npz")
+        before = _probe_drafts(cache, streams)
+    with np.load(tmp_path / "new.npz") as data:
+        meta = json.loads(bytes(data["meta"]).decode())
+        assert meta["tuning"] == dataclasses.asdict(tuning)
+        old = {**meta, "config": {**meta["config"], **meta.pop("tuning")}}
+        (tmp_path / "old.npz").write_bytes(_npz_bytes(tokens=data["tokens"], lengths=data["lengths"],
+                                                      meta=_meta(**old)))
+    for name in ("new.npz", "old.npz"):
+        loaded = LookaheadCache.load(tmp_path / name)
+        try:
+            assert loaded._tuning == tuning
+            assert _probe_drafts(loaded, streams) == before
+        finally:
+            loaded.close()
+    other = LookaheadCache.load(tmp_path / "old.npz", tuning=DraftTuning())
+    try:
+        assert other._tuning == DraftTuning()
+    finally:
+        other.close()
+
+
 def _npz_bytes(**arrays) -> bytes:
     buf = io.BytesIO()
     np.savez(buf, **arrays)
@@ -958,10 +1001,23 @@ def test_huge_budget_is_a_clean_error_or_works():
     ({"vocab_size": 10.5}, "vocab_size"),
 ])
 def test_bad_config_values(kwargs, pattern):
+    """Each option is checked by the structure that holds it: the config,
+    or the tuning (which the cache takes whole)."""
+    owner = DraftTuning if set(kwargs) <= TUNING_FIELDS else LookaheadConfig
     with pytest.raises(ValueError, match=pattern):
-        LookaheadConfig(**kwargs)
-    with pytest.raises(ValueError, match=pattern):
-        LookaheadCache(**kwargs)
+        owner(**kwargs)
+    if owner is LookaheadConfig:
+        with pytest.raises(ValueError, match=pattern):
+            LookaheadCache(**kwargs)
+
+
+def test_tuning_is_not_an_option():
+    """The ranking weights are not options of the cache: they come as one
+    ``DraftTuning``."""
+    with pytest.raises(TypeError, match="copy_boost"):
+        LookaheadCache(copy_boost=1.0)
+    with pytest.raises(TypeError, match="DraftTuning"):
+        LookaheadCache(tuning={"copy_boost": 1.0})
 
 
 def test_memory_budget_beyond_this_machine_is_rejected():
@@ -1281,8 +1337,8 @@ def test_reference_on_copies_with_edits():
                 else:
                     del resp[i:i + rng.randrange(1, 30)]
             requests.append((src + [rng.randrange(30) for _ in range(5)], resp))
-        cfg = LookaheadConfig(max_memory_bytes=1 << 18, **overrides)
-        nonempty, _ = _replay_against_reference(cfg, requests, seed=seed)
+        cfg, tuning = configure(max_memory_bytes=1 << 18, **overrides)
+        nonempty, _ = _replay_against_reference(cfg, requests, seed=seed, tuning=tuning)
         assert nonempty > 100
 
 

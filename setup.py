@@ -48,7 +48,12 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["lookahead", "lookahead.*"]),
-    package_data={"lookahead": ["*.pyx", "*.pxd", "*.hpp"], "lookahead.testing": ["cpu_sgl_kernel/**/*.py"]},
+    # Not lookahead/testing/cpu_sgl_kernel: a pure-torch stand-in for
+    # sgl_kernel, importable as sgl_kernel, with a sitecustomize.py that
+    # patches sglang at start-up, is for the tests and the demo in a
+    # checkout (lookahead.testing.cpu_env finds it there), never for an
+    # installed copy, where it could shadow the real sgl_kernel.
+    package_data={"lookahead": ["*.pyx", "*.pxd", "*.hpp"]},
     ext_modules=cythonize(extensions, compiler_directives={"language_level": "3"}),
     install_requires=[f"sglang=={SGLANG_VERSION}", "numpy", "torch"],
     extras_require={

@@ -525,8 +525,8 @@ cdef double _draft(NativeStore* local, NativeStore* shared,
     # not copying, and there that evidence also helps when the last token did
     # match, at a small weight; in a request that is copying it would only
     # take slots from the copy.  Nor are they gathered when the direct matches
-    # are heavy (a long match): at 1/20 weight they would rank below all of
-    # its nodes, and gathering them is a sixth of a draft's cost.
+    # are heavy (a long match): at their low weight they would rank below all
+    # of its nodes, and gathering them is a good part of a draft's cost.
     cdef int skip = 1
     cdef DraftParams fill   # a cheap gather: these alternatives only fill spare slots
     if tree.nodes[0].head >= 0:
@@ -586,8 +586,8 @@ cdef class Drafter:
 
     Drafts are returned as ``result_type`` instances, a tuple subclass of
     (tokens, parents, expected) such as ``lookahead.cache.Draft``, built here:
-    a namedtuple's Python-level constructor cost more than a whole batch's
-    other glue."""
+    a namedtuple's Python-level constructor would cost more than the rest of
+    a batch's glue."""
     cdef object result_type
     cdef vector[Candidate] cands
     cdef DraftTree tree

@@ -10,7 +10,7 @@ step by step; each round swaps which goes first (the second of a pair gains
 a little from the first's warm caches).  The ratio B/A (this checkout over
 the other) of each round's p50 and p99 is what to read.
 
-    python scripts/bench_ab.py --base df316b4
+    python scripts/bench_ab.py --base main
 
 The other revision is exported with ``git archive``, renamed to a package of
 its own (``lookahead_ab``) and built once into ``.cache/bench_ab/<rev>``.

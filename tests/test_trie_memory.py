@@ -85,9 +85,9 @@ def test_memory_flat_over_request_churn():
         assert stats["total_bytes"] == checkpoints[500][0] == checkpoints[50_000][0] == stats["shared_bytes"]
         assert stats["shared_bytes"] <= cache.config.max_memory_bytes
         assert stats["failed_inserts"] == 0
-        # Process memory (measured: +0.2 MB over the whole run).  The bounds
-        # leave room for allocator noise yet catch a leak of 160 bytes per
-        # request over the second half; one leaked request store is ~50 kB.
+        # Process memory: the bounds leave room for allocator noise yet catch
+        # a leak of 160 bytes per request over the second half (one leaked
+        # request store would be tens of kB).
         rss = _rss_bytes()
         assert rss - checkpoints[500][1] < 16 << 20
         assert rss - checkpoints[50_000][1] < 8 << 20

@@ -62,7 +62,15 @@ _ENGINE_DEFAULTS = dict(
 
 
 def cpu_sgl_kernel_path() -> str:
-    """Directory to put first on ``PYTHONPATH``: holds the ``sgl_kernel`` shim."""
+    """Directory to put first on ``PYTHONPATH``: holds the ``sgl_kernel`` shim.
+
+    The shim is in a source checkout only: the package installs without it
+    (see setup.py), so that an installed copy never shadows ``sgl_kernel``."""
+    if not (_SHIM_DIR / "sgl_kernel" / "__init__.py").exists():
+        raise RuntimeError(
+            f"the CPU stand-in for sgl_kernel is not in {_SHIM_DIR}: it is not installed with the package; "
+            "run the tests and the demo from a checkout of sglang-lookahead (pip install -e .)"
+        )
     return str(_SHIM_DIR)
 
 

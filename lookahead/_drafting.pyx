@@ -65,7 +65,7 @@ cdef struct DraftParams:
     double local_weight    # the request's own stream counts this much more (trees)
     double chain_local_weight  # ... in one-branch drafts
     int min_match          # occurrences shorter than this are ignored
-    double confidence      # pseudo-weight of unseen continuations (see _score_children)
+    double confidence      # pseudo-weight of unseen continuations (see _score_children in _draft_tree.pyx)
     double order_norm      # divide an occurrence's weight by (hits of its order) ** order_norm
     int top_walk           # chain steps for the highest order (long verbatim matches)
     int low_walk           # chain steps for orders <= 2 in the shared ring, multi-branch drafts only
@@ -137,8 +137,8 @@ cdef inline double _powi(double base, double e) noexcept nogil:
 
 
 cdef inline void _suffix_hashes(NativeStore* s, const int32_t* ctx, int ctx_len, uint64_t* hashes) noexcept nogil:
-    # Each order's suffix of the context, hashed as _index_locked hashes
-    # n-grams (0 for an order longer than the context).
+    # Each order's suffix of the context, hashed as _index_locked (_store.pyx)
+    # hashes n-grams (0 for an order longer than the context).
     cdef uint64_t h = 0
     cdef int o, j, k, prev_k = 0
     for o in range(s.norders):

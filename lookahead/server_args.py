@@ -40,7 +40,10 @@ Validation happens at start-up, during ``ServerArgs.resolve_once()`` in the
 launching process (before anything is spawned), through the
 ``validate_server_args`` / ``handle_server_args`` callbacks of the registered
 spec algorithm (see ``lookahead.plugin``). Errors are ``ValueError`` with the
-offending flag named.
+offending flag named. Each option's range is checked by one function, which
+the CLI parsers and ``LookaheadArgs`` both call: ``lookahead.config``'s for
+the options the cache shares (match length, memory, isolation),
+``check_max_batch_size`` and ``check_path`` here for the others.
 
 ``get_lookahead_args(server_args)`` returns the resolved options as a frozen
 ``LookaheadArgs`` for the worker.

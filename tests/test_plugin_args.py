@@ -439,7 +439,7 @@ _CHILD_SCRIPT = textwrap.dedent(
     load_plugins()
     new = set(sys.modules) - before
     heavy = sorted(m for m in new if m.startswith((
-        "lookahead.worker", "lookahead._store", "lookahead._drafting", "lookahead.cache",
+        "lookahead.worker", "lookahead._", "lookahead.cache",  # "lookahead._": the native trie
         "sglang.srt.entrypoints.engine", "sglang.srt.managers.scheduler",
         "sglang.srt.model_executor")))
     print("PLUGIN_LOADED", "lookahead.plugin" in sys.modules, "HEAVY", heavy)

@@ -39,4 +39,4 @@ bench: venv build
 	$(PY) scripts/bench_trie.py
 
 clean:
-	rm -rf build lookahead/*.so lookahead/_trie.cpp *.egg-info
+	rm -rf build lookahead/*.so lookahead/*.cpp *.egg-info

@@ -1,6 +1,7 @@
 """Build and install sglang-lookahead: the Cython trie and the SGLang plugin entry point."""
 
 import os
+import re
 
 import numpy as np
 from Cython.Build import cythonize
@@ -16,18 +17,28 @@ if sanitize:
     compile_args[-1:] = ["-O1", "-g", "-fno-omit-frame-pointer", f"-fsanitize={sanitize}"]
     link_args.append(f"-fsanitize={sanitize}")
 
+# The native trie, one extension module per idea; they share declarations
+# through .pxd files (lookahead/_native.pxd, and one beside each module that
+# others cimport) and call each other's cdef functions natively.
+NATIVE_MODULES = ("_tokens", "_store", "_draft_tree", "_drafting")
+
 extensions = [
     Extension(
-        "lookahead._trie",
-        ["lookahead/_trie.pyx"],
+        f"lookahead.{name}",
+        [f"lookahead/{name}.pyx"],
         include_dirs=[np.get_include(), "lookahead"],
-        depends=["lookahead/_native.hpp"],
+        depends=["lookahead/_native.hpp", "lookahead/_native.pxd"],
         language="c++",
         extra_compile_args=compile_args,
         extra_link_args=link_args,
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     )
+    for name in NATIVE_MODULES
 ]
+
+# The one SGLang release the plugin supports (checked at run time by
+# lookahead.check_sglang_version, pinned here for pip).
+SGLANG_VERSION = re.search(r'^SUPPORTED_SGLANG_VERSION = "([^"]+)"', open("lookahead/__init__.py").read(), re.M)[1]
 
 setup(
     name="sglang-lookahead",
@@ -37,9 +48,14 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["lookahead", "lookahead.*"]),
-    package_data={"lookahead": ["*.pyx", "*.hpp"], "lookahead.testing": ["cpu_sgl_kernel/**/*.py"]},
+    # Not lookahead/testing/cpu_sgl_kernel: a pure-torch stand-in for
+    # sgl_kernel, importable as sgl_kernel, with a sitecustomize.py that
+    # patches sglang at start-up, is for the tests and the demo in a
+    # checkout (lookahead.testing.cpu_env finds it there), never for an
+    # installed copy, where it could shadow the real sgl_kernel.
+    package_data={"lookahead": ["*.pyx", "*.pxd", "*.hpp"]},
     ext_modules=cythonize(extensions, compiler_directives={"language_level": "3"}),
-    install_requires=["sglang==0.5.23", "numpy", "torch"],
+    install_requires=[f"sglang=={SGLANG_VERSION}", "numpy", "torch"],
     extras_require={
         "test": ["pytest", "hypothesis", "matplotlib"],
         "gpu": ["flashinfer-python"],

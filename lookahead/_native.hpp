@@ -2,9 +2,8 @@
 //
 // Why a C++ thread and not a Python one: a Python inserter thread takes the
 // GIL to dequeue and dispatch every job, so each insert forces GIL hand-offs
-// (and context switches) onto the decode thread that is drafting.  Measured
-// on a warm 1M-token history, that doubled the p99 of a batch-4 decode step.
-// Here the queue, the thread and the jobs' lifetimes are all native: a job
+// (and context switches) onto the decode thread that is drafting, and the
+// decode step waits for them.  Here the queue, the thread and the jobs' lifetimes are all native: a job
 // owns a shared_ptr to the store it writes, so a store freed by Python while
 // its prompt is still being indexed stays alive until the job is done.
 #pragma once
@@ -41,10 +40,10 @@ namespace lookahead {
 // a TLB miss walks two levels of page tables.
 //
 // Memory comes zeroed, and resize() without a value leaves it as it is: a
-// request store's index (4.5 MB for a 32k-token prompt) is then zero pages
+// request store's index (megabytes, for a long prompt) is then zero pages
 // that the kernel maps when the insert thread first writes them, instead of
 // being cleared, page fault by page fault, on the thread that called
-// put_prompt (2.7 ms there for 32k tokens).
+// put_prompt.
 template <class T>
 struct HugePageAllocator {
   using value_type = T;
@@ -88,7 +87,7 @@ template <class T>
 using BigVector = std::vector<T, HugePageAllocator<T>>;
 
 // One token stream and its n-gram occurrence index (see TokenStore in
-// _trie.pyx, which holds one of these and implements its operations).
+// _store.pyx, which holds one of these and implements its operations).
 struct NativeStore {
   BigVector<int32_t> tok;
   std::vector<BigVector<uint32_t>> prev;  // per order: distance to previous occurrence (0: none)
@@ -132,7 +131,7 @@ inline bool reserve_store(NativeStore* s, int64_t cap, int hbits) noexcept {
 }
 
 // Size a new store's arrays from its capacity, hash bits and orders: every
-// token a separator (-1, SEPARATOR in _trie.pyx), every link and chain head
+// token a separator (-1, SEPARATOR in _native.pxd), every link and chain head
 // empty (0, as the allocator hands them out: not written here).  A
 // std::bad_alloc reaches Python as MemoryError (declared ``except +``), so a
 // memory budget the process cannot hold is an error, not an abort.
@@ -154,7 +153,7 @@ inline int64_t store_base(const NativeStore* s) noexcept {
 }
 
 // The position that a chain head or link target ``e`` ((position + 1) mod
-// 2**32) names, as _latest in _trie.pyx reads it.
+// 2**32) names, as _latest in _drafting.pyx reads it.
 inline int64_t head_position(const NativeStore* s, uint32_t e) noexcept {
   return s->n - 1 - static_cast<int64_t>(static_cast<uint32_t>(static_cast<uint32_t>(s->n) - e));
 }
@@ -359,8 +358,8 @@ inline void resize_store(NativeStore* s, int64_t new_cap) {
 
 // Drafts take priority over indexing.  Both are memory-bound, and the cores
 // a server gives its scheduler often share caches and execution units (SMT
-// siblings, vCPUs of one host core): on this project's 2-vCPU machines a
-// busy second vCPU makes a draft up to twice as slow.  So while a draft is
+// siblings, vCPUs of one host core), so a busy sibling slows a draft down
+// (and the decode step waiting for it).  So while a draft is
 // running anywhere in the process, the insert thread waits before each chunk
 // of a prompt it indexes, at most kMaxYieldUs per chunk, so that indexing
 // still progresses under back-to-back drafts.  A server drafts for a small

@@ -38,7 +38,9 @@ class ReplayDrafter(Protocol):
 
 class LookaheadDrafter:
     """``share=False``: requests share no history (each drafts from its own
-    prompt and output only)."""
+    prompt and output only).  ``config``: ``LookaheadCache``'s keywords, the
+    options of ``LookaheadConfig`` and ``tuning`` (a ``DraftTuning``, to
+    replay other ranking weights)."""
 
     def __init__(self, one_branch: bool = False, share: bool = True, **config):
         from lookahead.cache import LookaheadCache

@@ -24,8 +24,11 @@ from typing import Any, Hashable, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from lookahead._trie import DraftConfig, Drafter, Inserter, TokenStore, read_tokens
-from lookahead.host import memory_short_of
+from lookahead._drafting import Drafter
+from lookahead._store import Inserter, TokenStore
+from lookahead._tokens import read_tokens
+from lookahead._tuning import TUNING_FIELDS, DraftTuning
+from lookahead.config import LookaheadConfig
 from lookahead.scopes import Drop, ScopeBudget, check_scope
 from lookahead.tokens import MAX_TOKEN_ID, check_budget
 
@@ -64,92 +67,6 @@ class Draft(NamedTuple):
         return len(self.tokens)
 
 
-@dataclass(frozen=True)
-class LookaheadConfig:
-    """Every knob of the cache; the defaults are the tuned ones (see README)."""
-
-    max_memory_bytes: int = 256 << 20  # shared histories' budget (all scopes), index included
-    orders: tuple = (1, 2, 4, 8)  # n-gram orders indexed for matching
-    max_match_len: int = 64  # longest context suffix compared to an occurrence
-    max_walk: int = 16  # occurrences visited per order and store
-    top_walk: int = 64  # ... for the highest order in a request's own store (find the right copy source)
-    low_walk: int = 32  # ... for orders 1 and 2 of the shared history in multi-branch drafts (better odds for the alternatives)
-    max_candidates: int = 64  # occurrences merged into one draft
-    enough_candidates: int = 12  # stop trying shorter suffixes after this many
-    match_exponent: float = 2.0  # occurrence weight = match_len ** exponent
-    local_weight: float = 4.0  # the request's own stream weighs this much more (trees)
-    chain_local_weight: float = 6.0  # ... in one-branch drafts (a chain wants the likeliest single continuation)
-    min_match_len: int = 1  # ignore occurrences matching fewer tokens
-    confidence: float = 8.0  # pseudo-weight discounting branches seen few times
-    order_norm: float = 0.0  # 1: each n-gram order weighs the same however many hits it has
-    anchor_window: int = 384  # re-anchor a copy after an edit: source tokens searched (0: off)
-    anchor_below: int = 4  # ... when the best match in the request's own stream is shorter
-    anchor_gap: int = 14  # ... skipping at most this many diverged context tokens
-    anchor_min: int = 12  # ... behind an anchor verified over at least this many tokens
-    copy_boost: float = 4.0  # weight of the copy the request's drafts are following, among equally long matches (0: off)
-    mismatch_weight: float = 0.5  # the request's own stream: a match goes on past one mismatch, tokens beyond it counting this much (0: off)
-    wildcard_tokens: int = 2  # nothing matches the context: draft past its last 1, then 2 tokens as if they were any (0: off)
-    wildcard_weight: float = 0.05  # ... and past its last token at this weight, in requests whose pace is below:
-    wildcard_pace: float = 2.5  # tokens a request advances per draft, moving average (low: not copying)
-    wildcard_walk: int = 7  # ... gathered cheaply: this many occurrences per order walked and enough
-    wildcard_below: float = 400.0  # ... and only while the direct matches weigh less than this (a 10-token match in the request's own stream)
-    output_weight: float = 2.0  # a request below wildcard_pace: its own output weighs this much more than its prompt
-    share_outputs: bool = True  # feed outputs into the shared history
-    share_prompt_tail: int = 24  # prompt tokens shared before the output, as its context (the question's end)
-    flush_tokens: int = 128  # share a running request's output every this many tokens
-    vocab_size: int | None = None  # reject ids >= vocab_size when set
-    background: bool = True  # False: apply inserts inline (debugging)
-
-    def __post_init__(self):
-        def positive(name):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-        for name in ("max_memory_bytes", "max_match_len", "max_walk", "max_candidates",
-                     "enough_candidates", "min_match_len", "flush_tokens", "top_walk", "low_walk",
-                     "anchor_below", "anchor_gap", "anchor_min", "wildcard_walk"):
-            positive(name)
-        for name in ("anchor_window", "wildcard_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
-        if self.max_memory_bytes < 1 << 16:
-            raise ValueError(f"max_memory_bytes must be at least 64 KiB, got {self.max_memory_bytes}")
-        physical = memory_short_of(self.max_memory_bytes)
-        if physical:
-            # Allocating it could succeed (overcommit) and then get the
-            # process killed when the history is zeroed: refuse it here.
-            raise ValueError(f"max_memory_bytes ({self.max_memory_bytes:,} bytes) is more than this "
-                             f"machine's memory ({physical:,} bytes)")
-        orders = tuple(self.orders)
-        if not orders or any(not isinstance(o, int) or o < 1 for o in orders) or list(orders) != sorted(set(orders)):
-            raise ValueError(f"orders must be increasing positive integers, got {self.orders!r}")
-        if len(orders) > 8:
-            raise ValueError(f"at most 8 n-gram orders are supported, got {len(orders)}")
-        object.__setattr__(self, "orders", orders)
-        if self.match_exponent < 0 or self.local_weight <= 0 or self.chain_local_weight <= 0 or self.confidence < 0:
-            raise ValueError("match_exponent and confidence must be >= 0, local_weight and chain_local_weight > 0")
-        for name in ("copy_boost", "mismatch_weight", "wildcard_weight", "wildcard_pace", "wildcard_below"):
-            if not getattr(self, name) >= 0:  # NaN fails too
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
-        if not self.output_weight > 0 or self.output_weight == float("inf"):
-            raise ValueError(f"output_weight must be a positive finite number, got {self.output_weight!r}")
-        if self.share_prompt_tail < 0:
-            raise ValueError(f"share_prompt_tail must be >= 0, got {self.share_prompt_tail}")
-        if self.vocab_size is not None and (not isinstance(self.vocab_size, int) or self.vocab_size < 1):
-            raise ValueError(f"vocab_size must be a positive integer or None, got {self.vocab_size!r}")
-
-    @property
-    def shared_capacity(self) -> int:
-        """Tokens one scope's history holds at most (all of them, when there
-        is one scope): the largest power of two whose stream and index (4
-        bytes per order for chains, 2 for hash heads) fit."""
-        per_token = 4 + 6 * len(self.orders)
-        tokens = max(16, self.max_memory_bytes // per_token)
-        return 1 << (tokens.bit_length() - 1)
-
-
 @dataclass
 class _Request:
     store: TokenStore  # the prompt, then the output as it is accepted
@@ -172,38 +89,21 @@ class LookaheadCache:
     ``finish`` of the same request either completes or raises ``ValueError``.
     """
 
-    def __init__(self, config: LookaheadConfig | None = None, **overrides: Any):
+    def __init__(self, config: LookaheadConfig | None = None, *, tuning: DraftTuning | None = None,
+                 **overrides: Any):
+        """``config``, or ``LookaheadConfig(**overrides)``, or ``config`` with
+        ``overrides`` replacing some of its fields.  ``tuning``: how drafts
+        rank what they find (``lookahead._tuning``; the tuned defaults when
+        None), for experiments."""
         if config is None:
             config = LookaheadConfig(**overrides)
         elif overrides:
             config = LookaheadConfig(**{**asdict(config), **overrides})
+        if tuning is not None and not isinstance(tuning, DraftTuning):
+            raise TypeError(f"tuning must be a lookahead._tuning.DraftTuning, got {type(tuning).__name__}")
         self.config = config
-        self._draft_config = DraftConfig(
-            max_match=config.max_match_len,
-            max_walk=config.max_walk,
-            max_candidates=config.max_candidates,
-            enough_candidates=config.enough_candidates,
-            match_exponent=config.match_exponent,
-            local_weight=config.local_weight,
-            chain_local_weight=config.chain_local_weight,
-            min_match=config.min_match_len,
-            confidence=config.confidence,
-            order_norm=config.order_norm,
-            top_walk=config.top_walk,
-            low_walk=config.low_walk,
-            anchor_window=config.anchor_window,
-            anchor_below=config.anchor_below,
-            anchor_gap=config.anchor_gap,
-            anchor_min=config.anchor_min,
-            copy_boost=config.copy_boost,
-            wildcard_tokens=config.wildcard_tokens,
-            mismatch_weight=config.mismatch_weight,
-            wildcard_weight=config.wildcard_weight,
-            wildcard_pace=config.wildcard_pace,
-            wildcard_walk=config.wildcard_walk,
-            wildcard_below=config.wildcard_below,
-            output_weight=config.output_weight,
-        )
+        self._tuning = DraftTuning() if tuning is None else tuning
+        self._draft_config = self._tuning.native(config.max_match_len)
         self._max_id = MAX_TOKEN_ID if config.vocab_size is None else config.vocab_size - 1
         self._budget = ScopeBudget(config.max_memory_bytes, config.shared_capacity, len(config.orders))
         self._scopes = self._budget.scopes  # key -> Scope
@@ -444,7 +344,7 @@ class LookaheadCache:
     def _write(self, path: str) -> None:
         keys, arrays = self._snapshot()
         meta = {"format": _FORMAT_VERSION, "config": {**asdict(self.config), "orders": list(self.config.orders)},
-                "scopes": keys}
+                "tuning": asdict(self._tuning), "scopes": keys}
         tokens = np.concatenate(arrays) if arrays else np.zeros(0, np.int32)
         lengths = np.asarray([len(a) for a in arrays], dtype=np.int64)
         tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
@@ -461,10 +361,12 @@ class LookaheadCache:
             raise
 
     @classmethod
-    def load(cls, path: str | os.PathLike, **overrides: Any) -> "LookaheadCache":
+    def load(cls, path: str | os.PathLike, *, tuning: DraftTuning | None = None,
+             **overrides: Any) -> "LookaheadCache":
         """A cache whose shared histories are the ones saved at ``path``
         (each scope stays isolated; a file of format 1, one shared history,
-        loads as the default scope's)."""
+        loads as the default scope's), with the options and tuning it was
+        saved with, but for ``overrides`` and ``tuning``."""
         try:
             with np.load(path, allow_pickle=False) as data:
                 meta = json.loads(bytes(data["meta"]).decode())
@@ -476,12 +378,15 @@ class LookaheadCache:
                 else:
                     raise ValueError(f"unsupported lookahead cache format {fmt!r}")
             config = dict(meta["config"], orders=tuple(meta["config"]["orders"]))
+            # Older files keep the tuning among the options.
+            saved_tuning = {name: config.pop(name) for name in list(config) if name in TUNING_FIELDS}
+            saved_tuning.update(meta.get("tuning", {}))
         except FileNotFoundError:
             raise
         except Exception as exc:
             raise ValueError(f"{path}: not a saved LookaheadCache ({type(exc).__name__}: {exc})") from None
         config.update(overrides)
-        cache = cls(LookaheadConfig(**config))
+        cache = cls(LookaheadConfig(**config), tuning=DraftTuning(**saved_tuning) if tuning is None else tuning)
         try:
             for tokens in chunks:
                 if tokens.size and (tokens.min() < -1 or (cache.config.vocab_size and
@@ -502,16 +407,17 @@ class LookaheadCache:
         return cache
 
     @classmethod
-    def open(cls, path: str | os.PathLike | None, **overrides: Any) -> "LookaheadCache":
+    def open(cls, path: str | os.PathLike | None, *, tuning: DraftTuning | None = None,
+             **overrides: Any) -> "LookaheadCache":
         """A server's start-up: the cache saved at ``path`` if there is one,
         else an empty one.  A file that cannot be loaded (truncated, corrupt,
         saved for another vocabulary) must not keep the server down: it is
         renamed to ``PATH.corrupt``, kept for a look, and the cache starts
         empty, with a warning saying why."""
         if path is None or not os.path.exists(path):
-            return cls(**overrides)
+            return cls(tuning=tuning, **overrides)
         try:
-            return cls.load(path, **overrides)
+            return cls.load(path, tuning=tuning, **overrides)
         except ValueError as exc:
             aside = f"{os.fspath(path)}.corrupt"
             try:
@@ -521,7 +427,7 @@ class LookaheadCache:
                 kept = f"could not move it aside ({move_error})"
             logger.warning("LOOKAHEAD: cannot load the saved trie: %s; %s and starting with an empty "
                            "history", exc, kept)
-            return cls(**overrides)
+            return cls(tuning=tuning, **overrides)
 
     def close(self) -> None:
         """Finish pending saves and inserts, and stop the background thread."""

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Optional, Type
 
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
+from lookahead import check_sglang_version
 from lookahead import server_args as _args
 
 if TYPE_CHECKING:
@@ -24,10 +25,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 ALGORITHM_NAME = _args.ALGORITHM_NAME
-
-# The worker and the option hooks follow this release's internals (worker
-# interface, ServerArgs assembly, CUDA-graph runner); another release may differ.
-SUPPORTED_SGLANG_VERSION = "0.5.23"
 
 # The worker's results are NGRAM's, which the overlap scheduler relays once
 # lookahead.sglang_hooks routes them as NGRAM's.
@@ -172,23 +169,6 @@ def _is_registered() -> bool:
     except ValueError:
         return False
     return True
-
-
-def check_sglang_version(installed: Optional[str] = None) -> None:
-    """Raise a clear error unless the installed sglang is the supported release."""
-    if installed is None:
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            installed = version("sglang")
-        except PackageNotFoundError:
-            installed = getattr(__import__("sglang"), "__version__", "unknown")
-    if installed != SUPPORTED_SGLANG_VERSION:
-        raise RuntimeError(
-            f"sglang-lookahead supports sglang=={SUPPORTED_SGLANG_VERSION} only, but sglang "
-            f"{installed} is installed; LOOKAHEAD is not registered. Install "
-            f"sglang=={SUPPORTED_SGLANG_VERSION} (pip install 'sglang=={SUPPORTED_SGLANG_VERSION}')."
-        )
 
 
 def register() -> None:

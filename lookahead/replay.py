@@ -1,8 +1,10 @@
 """Model-free acceptance replay: "how much would LOOKAHEAD accept on my logs?"
 
-A trace is JSONL (optionally gzipped) of ``{"prompt": [ids], "response": [ids]}``
-served one request at a time, in file order, with every drafter's caches
-persisting across requests.  At each step a drafter proposes at most
+A trace is a log of requests (``lookahead.trace_formats``): token-id JSONL
+(``{"prompt": [ids], "response": [ids]}``), SGLang's JSON request logs,
+ShareGPT conversations or OpenAI chat logs, the text ones tokenized with
+``--tokenizer``. Its requests are served one at a time, in log order, with
+every drafter's caches persisting across requests.  At each step a drafter proposes at most
 ``budget`` tokens after the context (prompt + response so far); the longest
 root path that matches the recorded continuation is accepted, plus the
 target's own bonus token, and the drafter is then given those tokens.
@@ -12,6 +14,11 @@ acceptance length, as in the issues).  Also reported: drafted tokens per step
 and the drafter's cost (draft + feeding) in microseconds per step.
 
     python -m lookahead.replay --trace ../shared/traces/synth_rag.jsonl.gz --budget 4 8 16
+    python -m lookahead.replay --trace sglang_logs/ --tokenizer /models/M --budget 4 8 16
+
+At the end it recommends the ``--speculative-num-draft-tokens`` and mode to
+start with, and the speed-up to expect at batch 1 on a GPU under a stated
+cost model of the verify step (``--verify-cost``).
 
 What tenant isolation costs on a trace: ``--scope-by FIELD`` replays
 LOOKAHEAD with each request in the scope its trace line names (e.g. a
@@ -35,6 +42,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from lookahead import baselines
+from lookahead.trace_formats import ReplayTrace, TraceError, read_trace
 
 ALL_DRAFTERS = ("lookahead", "lookahead-1b", "ngram", "prompt-lookup", "suffix", "suffix-path")
 
@@ -68,30 +76,21 @@ class ReplayResult:
                 "drafted_per_step": self.drafted_per_step, "us_per_step": self.us_per_step}
 
 
-def _trace_lines(path: str, limit: int | None):
-    # The trace's records (JSON lines, optionally gzipped), the first ``limit``.
-    opener = gzip.open if path.endswith(".gz") else open
-    count = 0
-    with opener(path, "rt") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            if limit is not None and count >= limit:
-                return
-            count += 1
-            yield json.loads(line)
-
-
 def load_trace(path: str, limit: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Read (prompt, response) pairs as int32 arrays."""
-    return [(np.asarray(rec["prompt"], dtype=np.int32), np.asarray(rec["response"], dtype=np.int32))
-            for rec in _trace_lines(path, limit)]
+    """Read a token-id trace's (prompt, response) pairs into memory as int32 arrays."""
+    trace = read_trace(path, limit=limit)
+    try:
+        return [(p.copy(), r.copy()) for p, r in trace]
+    finally:
+        trace.close()
 
 
 def load_scopes(path: str, field: str, limit: int | None = None) -> list:
-    """Each trace line's scope: its ``field`` as a string (the default scope,
-    None, where the line has no such field or it is null)."""
-    return [None if rec.get(field) is None else str(rec[field]) for rec in _trace_lines(path, limit)]
+    """Each request's scope: its line's ``field`` as a string (the default
+    scope, None, where the line has no such field or it is null)."""
+    trace = read_trace(path, scope_field=field, limit=limit)
+    trace.close()
+    return trace.scopes
 
 
 def accepted_length(tokens: list, parents: list, truth: np.ndarray) -> int:
@@ -114,11 +113,13 @@ def accepted_length(tokens: list, parents: list, truth: np.ndarray) -> int:
     return depth
 
 
-def replay(drafter: baselines.ReplayDrafter, pairs: list, budget: int, trace_name: str = "",
+def replay(drafter: baselines.ReplayDrafter, pairs: Iterable, budget: int, trace_name: str = "",
            progress: Callable[[int], None] | None = None, scopes: list | None = None,
            split: str = "") -> ReplayResult:
-    """``scopes``: request i's scope (``LookaheadDrafter`` only)."""
-    steps = drafted = response_tokens = 0
+    """``pairs``: the requests' (prompt, response) int32 arrays, in order (a
+    list, or a ``ReplayTrace`` read as it goes); ``scopes``: request i's
+    scope (``LookaheadDrafter`` only)."""
+    steps = drafted = response_tokens = requests = 0
     spent = 0.0
     clock = time.perf_counter
     for rid, (prompt, response) in enumerate(pairs):
@@ -146,9 +147,10 @@ def replay(drafter: baselines.ReplayDrafter, pairs: list, budget: int, trace_nam
         drafter.finish(rid)
         spent += clock() - t0
         response_tokens += rlen
+        requests += 1
         if progress is not None:
             progress(rid + 1)
-    return ReplayResult(trace_name, drafter.name, budget, len(pairs), response_tokens, steps, drafted, spent, split)
+    return ReplayResult(trace_name, drafter.name, budget, requests, response_tokens, steps, drafted, spent, split)
 
 
 def make_drafter(name: str, budget: int, share: bool = True) -> baselines.ReplayDrafter:
@@ -236,6 +238,48 @@ def isolation_table(results: list[ReplayResult]) -> str:
     return "\n".join(lines)
 
 
+def recommend(results: list[ReplayResult], verify_cost: float) -> str:
+    """Per trace: LOOKAHEAD's AL per budget and mode, the speed-up each would
+    give at batch 1 if a verify step of ``budget + 1`` tokens costs
+    ``1 + verify_cost * budget`` decode steps (drafting, tens of µs, left
+    out), and the setting to start with: the best estimated speed-up, the
+    smaller budget and the tree on a tie."""
+    out = []
+    for trace in dict.fromkeys(r.trace for r in results):
+        candidates = [r for r in results if r.trace == trace and r.drafter in ("lookahead", "lookahead-1b")]
+        if not candidates:
+            continue
+        # The unscoped replay where there is one; else the requests as the
+        # server would scope them (--scope-by), else the first split replayed.
+        splits = list(dict.fromkeys(r.split for r in candidates))
+        split = "" if "" in splits else next((s for s in splits if s.startswith("by ")), splits[0])
+        rows = sorted((r for r in candidates if r.split == split), key=lambda r: (r.budget, r.drafter))
+
+        def speedup(r: ReplayResult) -> float:
+            return r.acceptance_length / (1.0 + verify_cost * r.budget)
+
+        best = max(rows, key=speedup)
+        out += [f"### {trace}" + (f" ({split})" if split else ""), "",
+                "| --speculative-num-draft-tokens | mode | AL | expected speed-up at batch 1 |",
+                "|---|---|---|---|"]
+        out += [f"| {r.budget + 1} | {'one-branch' if r.drafter == 'lookahead-1b' else 'tree'} | "
+                f"{r.acceptance_length:.2f} | {speedup(r):.2f}x |" for r in rows]
+        flags = f"--speculative-num-draft-tokens {best.budget + 1}"
+        if best.drafter == "lookahead-1b":
+            flags += " --speculative-one-branch"
+        verdict = (f"Start with `--speculative-algorithm LOOKAHEAD {flags}`: AL {best.acceptance_length:.2f}, "
+                   f"about {speedup(best):.2f}x plain decoding at batch 1 on a GPU")
+        if speedup(best) < 1.1:
+            verdict += " (little to gain: this traffic repeats little that was seen before)"
+        out += ["", verdict + ".", ""]
+    if out:
+        out += [f"Assumed: a verify step of N tokens costs 1 + {verify_cost:g} x (N - 1) decode steps, as on a "
+                "GPU where a batch-1 forward is memory-bound (--verify-cost sets it; measure yours with "
+                "scripts/bench_serving.py). Above --speculative-lookahead-max-batch-size requests decode "
+                "one token per step, as plain decoding does."]
+    return "\n".join(out)
+
+
 def plot(results: list[ReplayResult], path: str) -> None:
     import matplotlib
 
@@ -263,7 +307,15 @@ def plot(results: list[ReplayResult], path: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m lookahead.replay", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trace", action="append", required=True, help="JSONL(.gz) trace; repeat for several")
+    ap.add_argument("--trace", action="append", required=True,
+                    help="a log: token-id JSONL, SGLang JSON request logs (a file or the directory), ShareGPT "
+                         "or OpenAI chat logs, optionally gzipped; repeat for several")
+    ap.add_argument("--tokenizer", metavar="PATH",
+                    help="the model's local tokenizer, for logs that hold text (conversations are rendered "
+                         "with its chat template)")
+    ap.add_argument("--verify-cost", type=float, default=0.01, metavar="C",
+                    help="for the recommendation: each verified token beyond the first costs C decode steps "
+                         "(default 0.01, a memory-bound batch-1 forward on a GPU)")
     ap.add_argument("--budget", type=int, nargs="+", default=[8], help="draft budgets to replay (default 8)")
     ap.add_argument("--drafters", default=",".join(ALL_DRAFTERS),
                     help=f"comma-separated subset of {', '.join(ALL_DRAFTERS)} (default: all available)")
@@ -280,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="LOOKAHEAD with no shared history (--speculative-lookahead-isolation request)")
     args = ap.parse_args(argv)
 
+    if args.verify_cost < 0:
+        ap.error("--verify-cost must be >= 0")
     if any(b < 0 for b in args.budget):
         ap.error("--budget values must be >= 0")
     if args.tenants and any(n < 1 for n in args.tenants):
@@ -291,38 +345,38 @@ def main(argv: list[str] | None = None) -> int:
     log = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
     names = available_drafters(names, log=lambda msg: print(msg, flush=True))
 
+    tokenizer = None
+    if args.tokenizer:
+        try:
+            from lookahead.trace_formats import load_tokenizer
+
+            tokenizer = load_tokenizer(args.tokenizer)
+        except TraceError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     results: list[ReplayResult] = []
     scoped = bool(args.scope_by or args.tenants or args.no_sharing)
     for trace_path in args.trace:
-        trace = os.path.basename(trace_path).split(".")[0]
-        pairs = load_trace(trace_path, args.limit)
-        # (label, each request's scope, whether requests share a history)
-        splits = [(f"{n} tenant{'s' if n > 1 else ''}", [f"tenant-{i % n}" for i in range(len(pairs))], True)
-                  for n in args.tenants or ()]
-        if args.scope_by:
-            splits.append((f"by {args.scope_by}", load_scopes(trace_path, args.scope_by, args.limit), True))
-        if args.no_sharing:
-            splits.append(("no sharing", None, False))
-        for budget in args.budget:
-            for name in names:
-                lookahead = name.startswith("lookahead")
-                for split, scopes, share in (splits if scoped and lookahead else [("", None, True)]):
-                    drafter = make_drafter(name, budget, share)
-                    every = max(1, len(pairs) // 10)
-                    res = replay(drafter, pairs, budget, trace, scopes=scopes, split=split,
-                                 progress=lambda k: k % every == 0 and log(f"  {trace} b={budget} {name}: {k}/{len(pairs)}"))
-                    close = getattr(getattr(drafter, "cache", None), "close", None)
-                    if close:
-                        close()
-                    label = f"{name} ({split})" if split else name
-                    log(f"{trace} budget={budget} {label}: AL {res.acceptance_length:.3f} ({res.us_per_step:.1f} µs/step)")
-                    results.append(res)
+        trace = os.path.basename(trace_path.rstrip(os.sep)).split(".")[0]
+        try:
+            pairs = read_trace(trace_path, tokenizer, scope_field=args.scope_by, limit=args.limit, progress=log)
+        except (TraceError, OSError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(pairs.stats.summary(), flush=True)
+        try:
+            results += _replay_trace(pairs, trace, names, args, scoped, log)
+        finally:
+            pairs.close()
 
     table = markdown_table(results)
     print(table)
     if scoped:
         print("\nWhat isolation costs (AL, and its change from the first column):\n")
         print(isolation_table(results))
+    advice = recommend(results, args.verify_cost)
+    if advice:
+        print("\n## Recommendation\n\n" + advice)
     os.makedirs(args.out_dir, exist_ok=True)
     json_path = os.path.join(args.out_dir, "replay.json")
     with open(json_path, "w") as f:
@@ -330,9 +384,39 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nwrote {json_path}")
     if not args.no_plot:
         png = os.path.join(args.out_dir, "replay.png")
-        plot(results, png)
-        print(f"wrote {png}")
+        try:
+            plot(results, png)
+            print(f"wrote {png}")
+        except ImportError:
+            print("(matplotlib is not installed: no plot; pip install matplotlib for one)")
     return 0
+
+
+def _replay_trace(pairs: ReplayTrace, trace: str, names: list, args, scoped: bool, log) -> list[ReplayResult]:
+    """Every budget and drafter (and isolation split) on one trace."""
+    results = []
+    # (label, each request's scope, whether requests share a history)
+    splits = [(f"{n} tenant{'s' if n > 1 else ''}", [f"tenant-{i % n}" for i in range(len(pairs))], True)
+              for n in args.tenants or ()]
+    if args.scope_by:
+        splits.append((f"by {args.scope_by}", pairs.scopes, True))
+    if args.no_sharing:
+        splits.append(("no sharing", None, False))
+    for budget in args.budget:
+        for name in names:
+            lookahead = name.startswith("lookahead")
+            for split, scopes, share in (splits if scoped and lookahead else [("", None, True)]):
+                drafter = make_drafter(name, budget, share)
+                every = max(1, len(pairs) // 10)
+                res = replay(drafter, pairs, budget, trace, scopes=scopes, split=split,
+                             progress=lambda k: k % every == 0 and log(f"  {trace} b={budget} {name}: {k}/{len(pairs)}"))
+                close = getattr(getattr(drafter, "cache", None), "close", None)
+                if close:
+                    close()
+                label = f"{name} ({split})" if split else name
+                log(f"{trace} budget={budget} {label}: AL {res.acceptance_length:.3f} ({res.us_per_step:.1f} µs/step)")
+                results.append(res)
+    return results
 
 
 if __name__ == "__main__":

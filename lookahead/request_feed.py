@@ -17,7 +17,7 @@ this class derives them from what the worker does see:
   scheduler clears the cache pool on going idle.
 
 It also decides each request's scope, the shared history it drafts from and
-feeds (``--speculative-lookahead-isolation``, see ``ISOLATION_MODES``): a
+feeds (``--speculative-lookahead-isolation``, see ``lookahead.config.ISOLATION_MODES``): a
 request whose drafts are accepted decodes faster, so drafting one tenant's
 request from another's text would let the second read the first's.
 """
@@ -28,22 +28,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Hashable, Iterable, Optional
 
+from lookahead.config import DEFAULT_ISOLATION, check_isolation
+
 logger = logging.getLogger(__name__)
-
-# --speculative-lookahead-isolation: whose text a request's drafts may come from.
-ISOLATION_MODES = (
-    "salt",  # the requests with its cache_salt, else its extra_key (which carries the
-             # LoRA adapter too), else those with neither: the keys of SGLang's prefix cache
-    "none",  # every request: one shared history
-    "request",  # none: only its own prompt and output
-)
-DEFAULT_ISOLATION = "salt"
-
-
-def check_isolation(mode: Any) -> str:
-    if mode not in ISOLATION_MODES:
-        raise ValueError(f"isolation must be one of {', '.join(ISOLATION_MODES)}, got {mode!r}")
-    return mode
 
 
 def _server_isolation() -> str:
@@ -64,7 +51,7 @@ class _Live:
 
 
 class RequestFeed:
-    """``isolation``: one of ``ISOLATION_MODES``; None reads the server's
+    """``isolation``: one of ``lookahead.config.ISOLATION_MODES``; None reads the server's
     ``--speculative-lookahead-isolation`` (as SGLang published it in this
     process), or takes the default outside a server."""
 

@@ -40,7 +40,10 @@ Validation happens at start-up, during ``ServerArgs.resolve_once()`` in the
 launching process (before anything is spawned), through the
 ``validate_server_args`` / ``handle_server_args`` callbacks of the registered
 spec algorithm (see ``lookahead.plugin``). Errors are ``ValueError`` with the
-offending flag named.
+offending flag named. Each option's range is checked by one function, which
+the CLI parsers and ``LookaheadArgs`` both call: ``lookahead.config``'s for
+the options the cache shares (match length, memory, isolation),
+``check_max_batch_size`` and ``check_path`` here for the others.
 
 ``get_lookahead_args(server_args)`` returns the resolved options as a frozen
 ``LookaheadArgs`` for the worker.
@@ -58,8 +61,14 @@ from typing import Any, Optional, Union
 import sglang.srt.server_args as _sgl_server_args
 from sglang.srt.arg_groups.arg_utils import A, Arg
 
-from lookahead.host import memory_short_of
-from lookahead.request_feed import DEFAULT_ISOLATION, ISOLATION_MODES
+from lookahead.config import (
+    DEFAULT_ISOLATION,
+    LookaheadConfig,
+    check_int,
+    check_isolation,
+    check_memory,
+    option_error,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -80,40 +89,54 @@ _SUPPORTED_DEVICES = ("cuda", "cpu", "xpu")
 
 
 # --------------------------------------------------------------------------
-# CLI value parsers (argparse prints "argument --flag: <message>")
+# Option checks (each option's one check; LookaheadArgs and the CLI call them)
 # --------------------------------------------------------------------------
 
 
-def _int_at_least(minimum: int):
-    """An argparse type: an integer >= ``minimum``."""
+def check_max_batch_size(value: Any, name: str = "") -> Union[int, str]:
+    """``AUTO`` (any case) or an integer >= 0."""
+    if isinstance(value, str) and value.strip().lower() == AUTO:
+        return AUTO
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise option_error(name, f"must be an integer >= 0 (0 never speculates) or '{AUTO}', got {value!r}")
+    return value
 
-    def parse(text: str) -> int:
+
+def check_path(value: Any, name: str = "") -> Any:
+    """A non-empty path (whether it can be used is ``_check_path``'s, at start-up)."""
+    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value).strip():
+        raise option_error(name, f"must be a non-empty file path, got {value!r}")
+    return value
+
+
+def _cli(check, integer: bool = True, accepts: str = ""):
+    """An argparse type that runs ``check`` on the value (an integer, unless
+    ``integer`` is False; ``accepts``: text taken as it is, e.g. ``auto``);
+    argparse prints "argument --flag: <message>"."""
+
+    def parse(text: str):
+        value = text
+        if integer and not (accepts and text.strip().lower() == accepts):
+            try:
+                value = int(text)
+            except ValueError:
+                also = f" or '{accepts}'" if accepts else ""
+                raise argparse.ArgumentTypeError(f"expected an integer{also}, got {text!r}")
         try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}")
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-        return value
+            return check(value)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc))
 
     return parse
 
 
-_non_negative_int = _int_at_least(0)
-_positive_int = _int_at_least(1)
-
-
-def _batch_size_or_auto(text: str):
-    """An argparse type: ``auto`` or an integer >= 0."""
-    if text.strip().lower() == AUTO:
-        return AUTO
-    return _non_negative_int(text)
-
-
-def _non_empty_path(text: str) -> str:
-    if not text.strip():
-        raise argparse.ArgumentTypeError("must be a non-empty file path")
-    return text
+# The flags' parsers (module-level names: SGLang evaluates the field
+# annotations that name them as strings).
+_max_batch_size_arg = _cli(check_max_batch_size, accepts=AUTO)
+_match_len_arg = _cli(lambda value: check_int(value, 1))
+_memory_mb_arg = _cli(lambda value: check_memory(value, unit="MiB"))
+_path_arg = _cli(check_path, integer=False)
+_isolation_arg = _cli(lambda value: check_isolation(value, ""), integer=False)
 
 
 # --------------------------------------------------------------------------
@@ -162,7 +185,7 @@ class LookaheadServerArgs(_original_server_args_class()):
             "batch already keeps the hardware busy). 0 never speculates. "
             f"'auto': decide step by step from the measured cost of a step and "
             f"the drafts' expected acceptance, at batch sizes up to {AUTO_MAX_BATCH_SIZE}.",
-            type_parser=_batch_size_or_auto,
+            type_parser=_max_batch_size_arg,
         ),
     ] = DEFAULT_MAX_BATCH_SIZE
     speculative_lookahead_max_match_len: A[
@@ -172,8 +195,8 @@ class LookaheadServerArgs(_original_server_args_class()):
             "against the trie when drafting (its useful depth; continuations "
             "themselves are not depth-capped). Longer matches are more "
             "specific but cost more host time per step. Unset: the cache's "
-            "default (LookaheadConfig.max_match_len, 64).",
-            type_parser=_positive_int,
+            f"default (LookaheadConfig.max_match_len, {LookaheadConfig.max_match_len}).",
+            type_parser=_match_len_arg,
         ),
     ] = None
     speculative_lookahead_memory_mb: A[
@@ -183,8 +206,8 @@ class LookaheadServerArgs(_original_server_args_class()):
             "histories, all scopes together (token streams plus index); beyond "
             "it the least recently used scope's oldest tokens are evicted. "
             "Per-request stores of live requests come on top. Unset: the cache's default "
-            "(LookaheadConfig.max_memory_bytes, 256 MiB).",
-            type_parser=_positive_int,
+            f"(LookaheadConfig.max_memory_bytes, {LookaheadConfig.max_memory_bytes >> 20} MiB).",
+            type_parser=_memory_mb_arg,
         ),
     ] = None
     speculative_lookahead_path: A[
@@ -194,7 +217,7 @@ class LookaheadServerArgs(_original_server_args_class()):
             "histories (every scope): loaded at start-up if it exists (so a restarted server "
             "keeps its drafts), written whenever the server drains (rate-"
             "limited) and at exit. Its directory must exist and be writable.",
-            type_parser=_non_empty_path,
+            type_parser=_path_arg,
         ),
     ] = None
     speculative_lookahead_hybrid: A[
@@ -220,7 +243,7 @@ class LookaheadServerArgs(_original_server_args_class()):
             "SGLang's prefix cache), else the requests with neither; none: "
             "all requests share one history; request: none, each request "
             "drafts from its own prompt and output only.",
-            choices=list(ISOLATION_MODES),
+            type_parser=_isolation_arg,
         ),
     ] = DEFAULT_ISOLATION
 
@@ -302,36 +325,15 @@ class LookaheadArgs:
             raise ValueError(
                 f"--speculative-one-branch must be a bool, got {self.one_branch!r}"
             )
-        if isinstance(self.max_batch_size, str) and self.max_batch_size.strip().lower() == AUTO:
-            object.__setattr__(self, "max_batch_size", AUTO)
-        elif not is_int(self.max_batch_size) or self.max_batch_size < 0:
-            raise ValueError(
-                "--speculative-lookahead-max-batch-size must be an integer >= 0 "
-                f"(0 never speculates) or '{AUTO}', got {self.max_batch_size!r}"
-            )
-        for flag, value in (
-            ("--speculative-lookahead-max-match-len", self.max_match_len),
-            ("--speculative-lookahead-memory-mb", self.memory_mb),
-        ):
-            if value is not None and (not is_int(value) or value < 1):
-                raise ValueError(f"{flag} must be an integer >= 1, got {value!r}")
-        physical = memory_short_of(self.memory_mb << 20) if self.memory_mb is not None else 0
-        if physical:
-            raise ValueError(
-                f"--speculative-lookahead-memory-mb {self.memory_mb} is more than "
-                f"this machine's memory ({physical >> 20} MiB)"
-            )
-        if self.path is not None and (
-            not isinstance(self.path, (str, os.PathLike)) or not os.fspath(self.path).strip()
-        ):
-            raise ValueError(
-                f"--speculative-lookahead-path must be a non-empty path, got {self.path!r}"
-            )
-        if self.isolation not in ISOLATION_MODES:
-            raise ValueError(
-                "--speculative-lookahead-isolation must be one of "
-                f"{', '.join(ISOLATION_MODES)}, got {self.isolation!r}"
-            )
+        object.__setattr__(self, "max_batch_size",
+                           check_max_batch_size(self.max_batch_size, "--speculative-lookahead-max-batch-size"))
+        if self.max_match_len is not None:
+            check_int(self.max_match_len, 1, "--speculative-lookahead-max-match-len")
+        if self.memory_mb is not None:
+            check_memory(self.memory_mb, "--speculative-lookahead-memory-mb", unit="MiB")
+        if self.path is not None:
+            check_path(self.path, "--speculative-lookahead-path")
+        check_isolation(self.isolation, "--speculative-lookahead-isolation")
 
     @property
     def draft_budget(self) -> int:

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import logging
 
-from lookahead.plugin import ALGORITHM_NAME
+from lookahead.server_args import ALGORITHM_NAME
 from lookahead.verify_input import LookaheadVerifyInput, capture_verify_input
 
 logger = logging.getLogger(__name__)

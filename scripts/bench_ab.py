@@ -10,7 +10,7 @@ step by step; each round swaps which goes first (the second of a pair gains
 a little from the first's warm caches).  The ratio B/A (this checkout over
 the other) of each round's p50 and p99 is what to read.
 
-    python scripts/bench_ab.py --base df316b4
+    python scripts/bench_ab.py --base main
 
 The other revision is exported with ``git archive``, renamed to a package of
 its own (``lookahead_ab``) and built once into ``.cache/bench_ab/<rev>``.
@@ -42,25 +42,29 @@ def build_revision(rev: str) -> type:
                             check=True).stdout.strip()
     root = REPO / ".cache" / "bench_ab" / commit
     pkg = root / "lookahead_ab"
-    if not list(pkg.glob("_trie*.so")):
+    if not (root / "built").exists():
         pkg.mkdir(parents=True, exist_ok=True)
         archive = subprocess.run(["git", "archive", commit, "lookahead"], cwd=REPO, capture_output=True, check=True)
         subprocess.run(["tar", "-x", "--strip-components=1", "-C", str(pkg)], input=archive.stdout, check=True)
-        for path in list(pkg.glob("*.py")) + list(pkg.glob("*.pyx")):
-            text = re.sub(r"\b(from|import) lookahead([.\s])", r"\1 lookahead_ab\2", path.read_text())
+        for path in list(pkg.glob("*.py")) + list(pkg.glob("*.pyx")) + list(pkg.glob("*.pxd")):
+            text = re.sub(r"\b(from|import|cimport) lookahead([.\s])", r"\1 lookahead_ab\2", path.read_text())
             path.write_text(text)
+        # Every Cython module the revision has (one _trie.pyx before the split).
         setup = root / "setup_ab.py"
         setup.write_text(
+            "import glob, os\n"
             "import numpy as np\n"
             "from setuptools import Extension, setup\n"
             "from Cython.Build import cythonize\n"
-            "ext = Extension('lookahead_ab._trie', ['lookahead_ab/_trie.pyx'], language='c++',\n"
-            "                include_dirs=[np.get_include(), 'lookahead_ab'],\n"
-            "                extra_compile_args=['-std=c++17', '-pthread', '-O3'], extra_link_args=['-pthread'],\n"
-            "                define_macros=[('NPY_NO_DEPRECATED_API', 'NPY_1_7_API_VERSION')])\n"
-            "setup(name='lookahead_ab', ext_modules=cythonize([ext], language_level=3),\n"
+            "exts = [Extension('lookahead_ab.' + os.path.basename(p)[:-4], [p], language='c++',\n"
+            "                  include_dirs=[np.get_include(), 'lookahead_ab'],\n"
+            "                  extra_compile_args=['-std=c++17', '-pthread', '-O3'], extra_link_args=['-pthread'],\n"
+            "                  define_macros=[('NPY_NO_DEPRECATED_API', 'NPY_1_7_API_VERSION')])\n"
+            "        for p in sorted(glob.glob('lookahead_ab/*.pyx'))]\n"
+            "setup(name='lookahead_ab', ext_modules=cythonize(exts, language_level=3),\n"
             "      script_args=['build_ext', '--inplace'])\n")
         subprocess.run([sys.executable, str(setup)], cwd=root, check=True, capture_output=True)
+        (root / "built").touch()
     sys.path.insert(0, str(root))
     from lookahead_ab.cache import LookaheadCache as Other
 

@@ -22,7 +22,8 @@ import threading
 
 import numpy as np
 
-import lookahead._trie
+import lookahead._drafting
+import lookahead._store
 from lookahead import LookaheadCache
 
 VOCAB = 24
@@ -99,9 +100,9 @@ def main(requests_per_worker: int = 12, workers: int = 3) -> int:
         # A history kept at 256 tokens wraps: its map of heads fills with
         # evicted keys and is purged, under the lock, while it is drafted.
         rng = random.Random(7)
-        store = lookahead._trie.TokenStore(0, True, (1, 2, 4, 8), 14)
+        store = lookahead._store.TokenStore(0, True, (1, 2, 4, 8), 14)
         store.resize(256)
-        drafter = lookahead._trie.Drafter(tuple)
+        drafter = lookahead._drafting.Drafter(tuple)
         config = cache._draft_config
         stop = threading.Event()
 
@@ -145,7 +146,7 @@ def main(requests_per_worker: int = 12, workers: int = 3) -> int:
         print(f"shared history over budget: {stats}", file=sys.stderr)
         return 1
     print(f"ok: {expected} requests, {stats['shared_tokens_seen']} tokens shared, "
-          f"extension {lookahead._trie.__file__}")
+          f"extensions {lookahead._store.__file__}, {lookahead._drafting.__file__}")
     return 0
 
 

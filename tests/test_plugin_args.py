@@ -207,13 +207,13 @@ def test_cli_parses_the_options(plugin, model_dir, tmp_path):
 @pytest.mark.parametrize(
     "flag, value, message",
     [
-        ("--speculative-lookahead-max-batch-size", "-1", "must be >= 0, got -1"),
+        ("--speculative-lookahead-max-batch-size", "-1", "must be an integer >= 0 (0 never speculates) or 'auto', got -1"),
         ("--speculative-lookahead-max-batch-size", "two", "expected an integer"),
         ("--speculative-lookahead-max-batch-size", "automatic", "expected an integer"),
-        ("--speculative-lookahead-max-match-len", "0", "must be >= 1, got 0"),
-        ("--speculative-lookahead-memory-mb", "0", "must be >= 1, got 0"),
+        ("--speculative-lookahead-max-match-len", "0", "must be an integer >= 1, got 0"),
+        ("--speculative-lookahead-memory-mb", "0", "must be an integer >= 1, got 0"),
         ("--speculative-lookahead-path", " ", "must be a non-empty file path"),
-        ("--speculative-lookahead-isolation", "tenant", "invalid choice: 'tenant'"),
+        ("--speculative-lookahead-isolation", "tenant", "must be one of salt, none, request, got 'tenant'"),
     ],
 )
 def test_cli_rejects_bad_values(plugin, model_dir, capsys, flag, value, message):
@@ -297,7 +297,7 @@ def test_allowed_edge_combinations(plugin, model_dir):
         ({"speculative_lookahead_memory_mb": -5}, "--speculative-lookahead-memory-mb must be an integer >= 1"),
         ({"speculative_lookahead_memory_mb": 1 << 40}, f"--speculative-lookahead-memory-mb {1 << 40} is more than this machine's memory"),
         ({"speculative_one_branch": "yes"}, "--speculative-one-branch must be a bool"),
-        ({"speculative_lookahead_path": ""}, "--speculative-lookahead-path must be a non-empty path"),
+        ({"speculative_lookahead_path": ""}, "--speculative-lookahead-path must be a non-empty file path"),
         ({"speculative_lookahead_isolation": "tenant"}, "--speculative-lookahead-isolation must be one of salt, none, request, got 'tenant'"),
         ({"page_size": 16}, "only supported by the 'flashinfer' attention backend"),
         ({"attention_backend": "torch_native"}, "torch_native attention backend does not support"),
@@ -439,7 +439,7 @@ _CHILD_SCRIPT = textwrap.dedent(
     load_plugins()
     new = set(sys.modules) - before
     heavy = sorted(m for m in new if m.startswith((
-        "lookahead.worker", "lookahead._trie", "lookahead.cache",
+        "lookahead.worker", "lookahead._", "lookahead.cache",  # "lookahead._": the native trie
         "sglang.srt.entrypoints.engine", "sglang.srt.managers.scheduler",
         "sglang.srt.model_executor")))
     print("PLUGIN_LOADED", "lookahead.plugin" in sys.modules, "HEAVY", heavy)
@@ -553,7 +553,7 @@ def test_spawned_child_and_engine_keywords(fresh_processes):
 
 
 def test_other_sglang_versions_are_refused():
-    from lookahead.plugin import SUPPORTED_SGLANG_VERSION, check_sglang_version
+    from lookahead import SUPPORTED_SGLANG_VERSION, check_sglang_version
 
     check_sglang_version(SUPPORTED_SGLANG_VERSION)  # the pinned release passes
     check_sglang_version()  # and it is the one installed here

@@ -21,7 +21,8 @@ from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 
 from lookahead import LookaheadCache  # noqa: E402
-from lookahead.request_feed import ISOLATION_MODES, RequestFeed  # noqa: E402
+from lookahead.config import ISOLATION_MODES  # noqa: E402
+from lookahead.request_feed import RequestFeed  # noqa: E402
 
 SECRET = list(range(3000, 3100))
 

@@ -39,7 +39,9 @@ for _p in (str(REPO), str(Path(__file__).resolve().parent)):
         sys.path.insert(0, _p)
 
 from lookahead import LookaheadCache, LookaheadConfig  # noqa: E402
-from lookahead._trie import DraftConfig, Drafter, TokenStore  # noqa: E402
+from lookahead._drafting import DraftConfig, Drafter  # noqa: E402
+from lookahead._store import TokenStore  # noqa: E402
+from lookahead._tuning import DraftTuning  # noqa: E402
 from lookahead.cache import Draft  # noqa: E402
 from lookahead.scopes import MIN_CAPACITY, Drop, Resize, ScopeBudget  # noqa: E402
 from draft_paths import check_paths_in_history  # noqa: E402
@@ -530,7 +532,8 @@ def test_a_format_1_file_loads_as_the_default_scope(tmp_path):
     """The format this release replaces: one shared history."""
     secret = list(range(30_000, 30_100))
     shared = np.asarray([-1] + PROMPT[-24:] + secret, np.int32)
-    config = dataclasses.asdict(LookaheadConfig())
+    # A file of that release keeps the tuning among the options.
+    config = {**dataclasses.asdict(LookaheadConfig()), **dataclasses.asdict(DraftTuning())}
     config["orders"] = list(config["orders"])
     meta = np.frombuffer(json.dumps({"format": 1, "config": config}).encode(), np.uint8)
     path = tmp_path / "v1.npz"

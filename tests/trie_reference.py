@@ -1,6 +1,7 @@
 """A pure-Python reference model of the drafting core (the executable spec).
 
-It reproduces, call for call, the drafts that ``lookahead._trie`` and
+It reproduces, call for call, the drafts that the native trie
+(``lookahead._store``, ``_drafting``, ``_draft_tree``) and
 ``lookahead.cache.LookaheadCache`` return once every insert has been applied
 (that is, after ``synchronize()``): same tokens, same parents, same order.
 Speed is no concern here; readability is.
@@ -218,47 +219,47 @@ def _pow(base: float, e: float) -> float:
 
 @dataclass
 class Params:
-    max_match: int = 32
-    max_walk: int = 24
-    max_candidates: int = 48
-    enough_candidates: int = 16
-    match_exponent: float = 2.0
-    local_weight: float = 4.0
-    chain_local_weight: float = 4.0
-    min_match: int = 1
-    confidence: float = 0.0
-    order_norm: float = 0.0
-    top_walk: int = 0
-    low_walk: int = 0
-    anchor_window: int = 0
-    anchor_below: int = 4
-    anchor_gap: int = 24
-    anchor_min: int = 16
-    copy_boost: float = 0.0
-    wildcard_tokens: int = 0
-    mismatch_weight: float = 0.0
-    wildcard_weight: float = 0.0
-    wildcard_pace: float = 0.0
-    wildcard_walk: int = 4
-    wildcard_below: float = float("inf")
-    output_weight: float = 1.0
+    """The drafting parameters (``DraftParams`` in ``_drafting.pyx``): how
+    far back the context is read (``max_match``, the config's
+    ``max_match_len``) and the tuning (``lookahead._tuning.DraftTuning``)."""
+
+    max_match: int
+    max_walk: int
+    max_candidates: int
+    enough_candidates: int
+    match_exponent: float
+    local_weight: float
+    chain_local_weight: float
+    min_match: int
+    confidence: float
+    order_norm: float
+    top_walk: int
+    low_walk: int
+    anchor_window: int
+    anchor_below: int
+    anchor_gap: int
+    anchor_min: int
+    copy_boost: float
+    wildcard_tokens: int
+    mismatch_weight: float
+    wildcard_weight: float
+    wildcard_pace: float
+    wildcard_walk: int
+    wildcard_below: float
+    output_weight: float
 
     def __post_init__(self):
         self.max_candidates = min(self.max_candidates, MAX_CANDIDATES_LIMIT)
 
     @classmethod
-    def from_config(cls, cfg) -> "Params":
-        return cls(max_match=cfg.max_match_len, max_walk=cfg.max_walk, max_candidates=cfg.max_candidates,
-                   enough_candidates=cfg.enough_candidates, match_exponent=cfg.match_exponent,
-                   local_weight=cfg.local_weight, chain_local_weight=cfg.chain_local_weight,
-                   min_match=cfg.min_match_len,
-                   confidence=cfg.confidence, order_norm=cfg.order_norm, top_walk=cfg.top_walk,
-                   low_walk=cfg.low_walk, anchor_window=cfg.anchor_window, anchor_below=cfg.anchor_below,
-                   anchor_gap=cfg.anchor_gap, anchor_min=cfg.anchor_min, copy_boost=cfg.copy_boost,
-                   wildcard_tokens=cfg.wildcard_tokens, mismatch_weight=cfg.mismatch_weight,
-                   wildcard_weight=cfg.wildcard_weight, wildcard_pace=cfg.wildcard_pace,
-                   wildcard_walk=cfg.wildcard_walk, wildcard_below=cfg.wildcard_below,
-                   output_weight=cfg.output_weight)
+    def from_config(cls, config, tuning=None) -> "Params":
+        """What a cache of ``config`` and ``tuning`` (None: the tuned
+        defaults) drafts with."""
+        from lookahead._tuning import DraftTuning
+
+        knobs = dataclasses.asdict(DraftTuning() if tuning is None else tuning)
+        knobs["min_match"] = knobs.pop("min_match_len")
+        return cls(max_match=config.max_match_len, **knobs)
 
 
 def gather(store: RefStore, ctx: list, prm: Params, store_weight: float, cands: list,
@@ -527,11 +528,11 @@ class RefRequest:
 class RefCache:
     """``LookaheadCache`` as seen after ``synchronize()``."""
 
-    def __init__(self, config):
+    def __init__(self, config, tuning=None):
         from lookahead.scopes import ScopeBudget
 
         self.config = config
-        self.params = Params.from_config(config)
+        self.params = Params.from_config(config, tuning)
         self.budget = ScopeBudget(config.max_memory_bytes, config.shared_capacity, len(config.orders))
         self.requests: dict = {}
 

@@ -32,6 +32,8 @@ import sys
 from pathlib import Path
 from typing import Mapping, Optional
 
+from lookahead import check_sglang_version
+
 _HERE = Path(__file__).resolve().parent
 _SHIM_DIR = _HERE / "cpu_sgl_kernel"
 
@@ -60,7 +62,15 @@ _ENGINE_DEFAULTS = dict(
 
 
 def cpu_sgl_kernel_path() -> str:
-    """Directory to put first on ``PYTHONPATH``: holds the ``sgl_kernel`` shim."""
+    """Directory to put first on ``PYTHONPATH``: holds the ``sgl_kernel`` shim.
+
+    The shim is in a source checkout only: the package installs without it
+    (see setup.py), so that an installed copy never shadows ``sgl_kernel``."""
+    if not (_SHIM_DIR / "sgl_kernel" / "__init__.py").exists():
+        raise RuntimeError(
+            f"the CPU stand-in for sgl_kernel is not in {_SHIM_DIR}: it is not installed with the package; "
+            "run the tests and the demo from a checkout of sglang-lookahead (pip install -e .)"
+        )
     return str(_SHIM_DIR)
 
 
@@ -80,32 +90,13 @@ def _prepend_path(entry: str, current: Optional[str]) -> str:
     return os.pathsep.join([entry, *parts])
 
 
-# The shim's op signatures and the AMX switch follow this sglang release's call sites.
-SUPPORTED_SGLANG_VERSION = "0.5.23"
-
-
-def check_sglang_version() -> None:
-    """Fail clearly when the installed sglang is not the release the shim mirrors."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        installed = version("sglang")
-    except PackageNotFoundError:
-        raise RuntimeError(f"sglang is not installed; the CPU shim needs sglang=={SUPPORTED_SGLANG_VERSION}") from None
-    if installed != SUPPORTED_SGLANG_VERSION:
-        raise RuntimeError(
-            f"the pure-torch sgl_kernel in {_SHIM_DIR} mirrors sglang {SUPPORTED_SGLANG_VERSION}'s CPU "
-            f"call sites, but sglang {installed} is installed; install sglang=={SUPPORTED_SGLANG_VERSION}"
-        )
-
-
 def cpu_env(
     base_env: Optional[Mapping[str, str]] = None, cache_dir: Optional[os.PathLike] = None
 ) -> dict[str, str]:
     """A copy of ``base_env`` (default ``os.environ``) set up for the CPU engine;
-    pass it as ``env=`` to a server subprocess.  Raises unless sglang 0.5.23 is
-    installed."""
-    check_sglang_version()
+    pass it as ``env=`` to a server subprocess.  Raises unless the supported
+    sglang release is installed: the stand-ins mirror its call sites."""
+    check_sglang_version(consequence=f"The CPU stand-in for sgl_kernel in {_SHIM_DIR} mirrors its CPU call sites")
     env = dict(os.environ if base_env is None else base_env)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     env.update(

@@ -1,12 +1,16 @@
 """LOOKAHEAD against plain decoding and NGRAM, measured with ``sglang.bench_serving``.
 
-For each configuration (plain with and without overlap scheduling, NGRAM,
-LOOKAHEAD with its default cut-off of batch size 4 and with ``auto``; LOOKAHEAD
-one-branch on request) this starts a server, runs
-``python -m sglang.bench_serving`` at each concurrency on a local
-ShareGPT-format file, and stops the server. LOOKAHEAD's servers run with
-``--enable-metrics``; after each run the script reads which path its decode
-steps took (``sglang:lookahead_steps_total`` by path and reason).
+It starts one server per configuration (plain with and without overlap
+scheduling, NGRAM, LOOKAHEAD with its default cut-off of batch size 4 and
+with ``auto``; LOOKAHEAD one-branch on request), all side by side, and at
+each concurrency runs ``python -m sglang.bench_serving`` against them in
+turn, ``--rounds`` times in rotating order: a machine whose speed drifts
+(these VMs drift by up to 2x within an hour) then slows every configuration
+alike, and the figures are medians over the rounds. Every run sends its own
+``cache_salt``, so no run drafts from (or hits the prefix cache of) another
+run's text. LOOKAHEAD's servers run with ``--enable-metrics``; after each
+run the script reads which path its decode steps took
+(``sglang:lookahead_steps_total`` by path and reason).
 The file is built from text that installed PyPI packages ship (sglang's and
 numpy's sources and README), with copy-heavy requests mixed in: code edits
 and questions over pasted documents.
@@ -24,6 +28,7 @@ PNG plot of TPOT against concurrency.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import json
 import os
@@ -89,12 +94,14 @@ def build_dataset(path: Path, n: int, seed: int = 0) -> None:
 
 
 def run_bench(url: str, model: str, dataset: Path, concurrency: int, num_prompts: int, output_len: int,
-              out_file: Path, env: dict) -> dict:
+              out_file: Path, env: dict, salt: str = "") -> dict:
     cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", url,
            "--model", model, "--tokenizer", model, "--dataset-name", "sharegpt", "--dataset-path", str(dataset),
            "--num-prompts", str(num_prompts), "--sharegpt-output-len", str(output_len),
            "--max-concurrency", str(concurrency), "--request-rate", "inf", "--seed", "1",
            "--output-file", str(out_file), "--disable-tqdm"]
+    if salt:
+        cmd += ["--extra-request-body", json.dumps({"cache_salt": salt})]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"bench_serving failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
@@ -114,6 +121,12 @@ def lookahead_steps(url: str) -> dict:
             key = f"{labels['path'].strip(chr(34))}/{labels['reason'].strip(chr(34))}"
             steps[key] = steps.get(key, 0) + float(line.rsplit(" ", 1)[1])
     return steps
+
+
+def median(values: list) -> float:
+    values = sorted(values)
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
 def reference(config: str, device: str):
@@ -181,6 +194,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts-per-concurrency", type=int, default=3,
                     help="requests per run = this x concurrency (at least 8)")
     ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=2, help="runs per configuration and concurrency, interleaved")
     ap.add_argument("--num-draft-tokens", type=int, default=8, help="verify width for NGRAM and LOOKAHEAD")
     ap.add_argument("--extra-server-args", default="", help="appended to every server's flags")
     ap.add_argument("--out-dir", default="artifacts/bench_serving")
@@ -217,33 +231,55 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unknown config(s) {unknown}; choose from {', '.join(CONFIGS)}")
     results = []
-    total = len(configs) * len(args.concurrency)
-    done = 0
-    for config in configs:
-        flags = list(CONFIGS[config])
-        if config.startswith(("ngram", "lookahead")):
-            flags += ["--speculative-num-draft-tokens", str(args.num_draft_tokens)]
-        if config.startswith("lookahead"):
-            flags += ["--enable-metrics"]
-        log(f"starting {config} server")
-        with SGLangServer(model, base_args + flags, env, out_dir / f"server_{config}.log") as server:
+    with contextlib.ExitStack() as stack:
+        servers = {}
+        for config in configs:
+            flags = list(CONFIGS[config])
+            if config.startswith(("ngram", "lookahead")):
+                flags += ["--speculative-num-draft-tokens", str(args.num_draft_tokens)]
+            if config.startswith("lookahead"):
+                flags += ["--enable-metrics"]
+            log(f"starting {config} server")
+            servers[config] = stack.enter_context(
+                SGLangServer(model, base_args + flags, env, out_dir / f"server_{config}.log"))
             # Warm-up (first-call compilation, allocator growth), not recorded.
-            run_bench(server.url, model, dataset, 2, 4, 16, out_dir / f"warmup_{config}.jsonl", env)
-            for c in args.concurrency:
-                n = max(8, args.prompts_per_concurrency * c)
-                t0 = time.time()
-                before = lookahead_steps(server.url) if config.startswith("lookahead") else {}
-                rec = run_bench(server.url, model, dataset, c, n, args.output_len,
-                                out_dir / f"bench_{config}_c{c}.jsonl", env)
-                after = lookahead_steps(server.url) if config.startswith("lookahead") else {}
-                done += 1
-                results.append({"config": config, "concurrency": c, "median_tpot_ms": rec["median_tpot_ms"],
-                                "output_throughput": rec["output_throughput"],
-                                "accept_length": rec.get("accept_length"), "completed": rec["completed"],
-                                "steps": {k: after[k] - before.get(k, 0) for k in after}})
-                log(f"[{done}/{total}] {config} c={c}: TPOT {rec['median_tpot_ms']:.2f} ms, "
-                    f"{rec['output_throughput']:.1f} tok/s, accept {rec.get('accept_length')} ({time.time() - t0:.0f} s)")
-        log(f"stopped {config} server")
+            run_bench(servers[config].url, model, dataset, 2, 4, 16, out_dir / f"warmup_{config}.jsonl", env,
+                      salt="warmup")
+        total = len(configs) * len(args.concurrency) * args.rounds
+        done = 0
+        for c in args.concurrency:
+            n = max(8, args.prompts_per_concurrency * c)
+            runs = {config: [] for config in configs}
+            for r in range(args.rounds):
+                for config in configs[r % len(configs):] + configs[: r % len(configs)]:
+                    url = servers[config].url
+                    t0 = time.time()
+                    before = lookahead_steps(url) if config.startswith("lookahead") else {}
+                    rec = run_bench(url, model, dataset, c, n, args.output_len,
+                                    out_dir / f"bench_{config}_c{c}_r{r}.jsonl", env, salt=f"c{c}-r{r}")
+                    after = lookahead_steps(url) if config.startswith("lookahead") else {}
+                    rec["steps"] = {k: after[k] - before.get(k, 0) for k in after}
+                    runs[config].append(rec)
+                    done += 1
+                    log(f"[{done}/{total}] {config} c={c} round {r}: TPOT {rec['median_tpot_ms']:.2f} ms, "
+                        f"{rec['output_throughput']:.1f} tok/s, accept {rec.get('accept_length')} "
+                        f"({time.time() - t0:.0f} s)")
+            for config in configs:
+                recs = runs[config]
+                steps = {}
+                for rec in recs:
+                    for k, v in rec["steps"].items():
+                        steps[k] = steps.get(k, 0) + v
+                als = [rec["accept_length"] for rec in recs if rec.get("accept_length")]
+                results.append({"config": config, "concurrency": c,
+                                "median_tpot_ms": median([rec["median_tpot_ms"] for rec in recs]),
+                                "output_throughput": median([rec["output_throughput"] for rec in recs]),
+                                "accept_length": sum(als) / len(als) if als else None,
+                                "completed": sum(rec["completed"] for rec in recs),
+                                "rounds": [{"median_tpot_ms": rec["median_tpot_ms"],
+                                            "output_throughput": rec["output_throughput"]} for rec in recs],
+                                "steps": steps})
+    results.sort(key=lambda r: (configs.index(r["config"]), r["concurrency"]))
 
     table = markdown(results, args.device)
     print(table)

@@ -6,9 +6,10 @@ with ``auto``; LOOKAHEAD one-branch on request), all side by side, and at
 each concurrency runs ``python -m sglang.bench_serving`` against them in
 turn, ``--rounds`` times in rotating order: a machine whose speed drifts
 (these VMs drift by up to 2x within an hour) then slows every configuration
-alike, and the figures are medians over the rounds. Every run sends its own
-``cache_salt``, so no run drafts from (or hits the prefix cache of) another
-run's text. LOOKAHEAD's servers run with ``--enable-metrics``; after each
+alike, and the figures are medians over the rounds. Every run (a concurrency
+and a round) sends prompts of its own, the same ones to every configuration,
+so no drafter has seen a run's answers before, while all of them keep what
+earlier runs taught them, as a serving system would. LOOKAHEAD's servers run with ``--enable-metrics``; after each
 run the script reads which path its decode steps took
 (``sglang:lookahead_steps_total`` by path and reason).
 The file is built from text that installed PyPI packages ship (sglang's and
@@ -57,8 +58,9 @@ def log(*args) -> None:
     print(time.strftime("[%H:%M:%S]"), *args, file=sys.stderr, flush=True)
 
 
-def build_dataset(path: Path, n: int, seed: int = 0) -> None:
-    """A ShareGPT-format file: chat, code edits and questions over documents."""
+def build_dataset(n: int, seed: int = 0) -> list[dict]:
+    """``n`` ShareGPT-format rows, no two prompts alike: chat, code edits and
+    questions over documents (each prompt starts with its own request number)."""
     import sglang
     import sglang.srt.sampling.sampling_params as sp_src
 
@@ -88,20 +90,18 @@ def build_dataset(path: Path, n: int, seed: int = 0) -> None:
         else:
             topic = rng.choice(["speculative decoding", "a radix cache", "continuous batching", "tensor parallelism"])
             rows.append((f"Explain {topic} in a few paragraphs.", f"{topic} is " * 40))
-    data = [{"id": str(i), "conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": a}]}
+    return [{"id": str(i), "conversations": [{"from": "human", "value": f"[request {i}]\n{q}"},
+                                             {"from": "gpt", "value": a}]}
             for i, (q, a) in enumerate(rows)]
-    path.write_text(json.dumps(data))
 
 
 def run_bench(url: str, model: str, dataset: Path, concurrency: int, num_prompts: int, output_len: int,
-              out_file: Path, env: dict, salt: str = "") -> dict:
+              out_file: Path, env: dict) -> dict:
     cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", url,
            "--model", model, "--tokenizer", model, "--dataset-name", "sharegpt", "--dataset-path", str(dataset),
            "--num-prompts", str(num_prompts), "--sharegpt-output-len", str(output_len),
            "--max-concurrency", str(concurrency), "--request-rate", "inf", "--seed", "1",
            "--output-file", str(out_file), "--disable-tqdm"]
-    if salt:
-        cmd += ["--extra-request-body", json.dumps({"cache_salt": salt})]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"bench_serving failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
@@ -223,9 +223,19 @@ def main(argv=None) -> int:
         base_args = ["--max-running-requests", str(max(args.concurrency))]
     base_args += args.extra_server_args.split()
 
-    dataset = out_dir / "local_sharegpt.json"
-    n_max = max(8, args.prompts_per_concurrency * max(args.concurrency))
-    build_dataset(dataset, n_max)
+    sizes = {c: max(8, args.prompts_per_concurrency * c) for c in args.concurrency}
+    rows = build_dataset(4 + args.rounds * sum(sizes.values()))
+    taken = 0
+
+    def dataset(n: int, name: str) -> Path:
+        """A file of the next ``n`` rows: prompts no run has sent before."""
+        nonlocal taken
+        path = out_dir / f"dataset_{name}.json"
+        path.write_text(json.dumps(rows[taken: taken + n]))
+        taken += n
+        return path
+
+    warmup = dataset(4, "warmup")
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown:
@@ -243,20 +253,20 @@ def main(argv=None) -> int:
             servers[config] = stack.enter_context(
                 SGLangServer(model, base_args + flags, env, out_dir / f"server_{config}.log"))
             # Warm-up (first-call compilation, allocator growth), not recorded.
-            run_bench(servers[config].url, model, dataset, 2, 4, 16, out_dir / f"warmup_{config}.jsonl", env,
-                      salt="warmup")
+            run_bench(servers[config].url, model, warmup, 2, 4, 16, out_dir / f"warmup_{config}.jsonl", env)
         total = len(configs) * len(args.concurrency) * args.rounds
         done = 0
         for c in args.concurrency:
-            n = max(8, args.prompts_per_concurrency * c)
+            n = sizes[c]
             runs = {config: [] for config in configs}
             for r in range(args.rounds):
+                prompts = dataset(n, f"c{c}_r{r}")
                 for config in configs[r % len(configs):] + configs[: r % len(configs)]:
                     url = servers[config].url
                     t0 = time.time()
                     before = lookahead_steps(url) if config.startswith("lookahead") else {}
-                    rec = run_bench(url, model, dataset, c, n, args.output_len,
-                                    out_dir / f"bench_{config}_c{c}_r{r}.jsonl", env, salt=f"c{c}-r{r}")
+                    rec = run_bench(url, model, prompts, c, n, args.output_len,
+                                    out_dir / f"bench_{config}_c{c}_r{r}.jsonl", env)
                     after = lookahead_steps(url) if config.startswith("lookahead") else {}
                     rec["steps"] = {k: after[k] - before.get(k, 0) for k in after}
                     runs[config].append(rec)

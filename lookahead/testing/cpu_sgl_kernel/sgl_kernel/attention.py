@@ -8,9 +8,9 @@ sglang's ``IntelAMXAttnBackend`` calls two ops (see
   ``value`` are given), then attends over the request's first ``seq_lens[i]``
   slots of ``req_to_token``.
 * ``extend_attention_cpu``: ``extend_seq_lens[i]`` query tokens per request that
-  follow a cached prefix of ``seq_lens[i] - extend_seq_lens[i]`` tokens. The new
-  K/V come from ``k_extend``/``v_extend`` (the backend has already stored them
-  in the cache too). It also serves speculative TARGET_VERIFY batches: there
+  follow a cached prefix of ``seq_lens[i] - extend_seq_lens[i]`` tokens. The
+  backend has already stored the new K/V (``k_extend``/``v_extend``) in the
+  cache, so all keys are read from there. It also serves speculative TARGET_VERIFY batches: there
   ``tree_mask`` holds, per request, an ``n x n`` bool matrix (flat, row-major,
   ``mask[i, j]`` = draft token ``i`` may see draft token ``j``) that replaces
   the causal mask among the draft tokens; the prefix stays fully visible.
@@ -179,26 +179,23 @@ def extend_attention_cpu(
         if ext == 0:
             continue
         prefix = seq_len - ext
-        if k_extend is not None and v_extend is not None:
-            rows = req_to_token[pool, :prefix].long()
-            new = slice(start, start + ext)
-            k_new = _as_heads(k_extend, k_buffer)[new].to(torch.float32)
-            v_new = _as_heads(v_extend, v_buffer)[new].to(torch.float32)
-            k = torch.cat([_load(k_buffer, rows, k_scale), k_new])
-            v = torch.cat([_load(v_buffer, rows, v_scale), v_new])
-        else:  # K/V shared with another layer: already in the cache
-            rows = req_to_token[pool, :seq_len].long()
-            k, v = _load(k_buffer, rows, k_scale), _load(v_buffer, rows, v_scale)
-
-        q_pos = torch.arange(prefix, seq_len)
-        k_pos = torch.arange(seq_len)
-        if is_causal:
-            visible = k_pos[None, :] <= q_pos[:, None]
+        # The backend has stored this step's K/V in the cache before the call
+        # (``IntelAMXAttnBackend.forward_extend``), so every key is read from
+        # the cache, as the decode op reads it: one gather, no concatenation.
+        rows = req_to_token[pool, :seq_len].long()
+        k, v = _load(k_buffer, rows, k_scale), _load(v_buffer, rows, v_scale)
+        if ext == 1 and tree is None and sliding_window <= 0:
+            visible = torch.ones(1, seq_len, dtype=torch.bool)  # a verify of width 1: decode's mask
         else:
-            visible = torch.ones(ext, seq_len, dtype=torch.bool)
-        if tree is not None:
-            visible[:, prefix:] = tree[i]
-        visible = _window(visible, q_pos, k_pos, sliding_window)
+            q_pos = torch.arange(prefix, seq_len)
+            k_pos = torch.arange(seq_len)
+            if is_causal:
+                visible = k_pos[None, :] <= q_pos[:, None]
+            else:
+                visible = torch.ones(ext, seq_len, dtype=torch.bool)
+            if tree is not None:
+                visible[:, prefix:] = tree[i]
+            visible = _window(visible, q_pos, k_pos, sliding_window)
 
         out = attend(q_extend[start : start + ext], k, v, visible, sm_scale, logit_cap, sinks)
         o_extend[start : start + ext] = out.to(o_extend.dtype)

@@ -18,13 +18,16 @@ import torch
 
 def _ragged_columns(start: torch.Tensor, end: torch.Tensor):
     """For requests with column ranges ``[start, end)``: (request id, column)
-    per element, request-major, i.e. the packed order sglang uses."""
-    start, end = start.long(), end.long()
-    lens = (end - start).clamp(min=0)
-    req = torch.repeat_interleave(torch.arange(lens.numel()), lens)
-    first = torch.cumsum(lens, 0) - lens
-    cols = start[req] + torch.arange(req.numel()) - first[req]
-    return req, cols
+    per element, request-major, i.e. the packed order sglang uses.
+
+    In numpy: these run several times per decode step, and a handful of
+    small torch ops cost more than the step's own bookkeeping should."""
+    start = start.numpy().astype(np.int64, copy=False)
+    lens = np.maximum(end.numpy().astype(np.int64, copy=False) - start, 0)
+    req = np.repeat(np.arange(lens.size), lens)
+    first = np.cumsum(lens) - lens
+    cols = start[req] + np.arange(req.size) - first[req]
+    return torch.from_numpy(req), torch.from_numpy(cols)
 
 
 def assign_req_to_token_pool_cpu(

@@ -34,7 +34,6 @@ import argparse
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 from lookahead.testing import tiny_model
@@ -50,33 +49,8 @@ DEFAULT_SIGMA = 0.25
 HEAD_LAYERS = 1
 
 
-def _complete(path: Path, recipe: dict) -> bool:
-    stamp = path / _STAMP
-    try:
-        return json.loads(stamp.read_text()) == json.loads(json.dumps(recipe))
-    except (OSError, ValueError):
-        return False
-
-
 def _atomic_build(path: Path, recipe: dict, build, force: bool) -> str:
-    path = Path(path).resolve()
-    if not force and _complete(path, recipe):
-        return str(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    tmp.chmod(0o755)
-    try:
-        build(tmp)
-        (tmp / _STAMP).write_text(json.dumps(recipe, indent=1, sort_keys=True))
-        if _complete(path, recipe) and not force:
-            return str(path)
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return str(path)
+    return tiny_model.build_atomically(path, _STAMP, recipe, build, force)
 
 
 def build_bigram_target(path, seed: int = 0, force: bool = False) -> str:

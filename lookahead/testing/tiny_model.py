@@ -111,14 +111,39 @@ def _recipe(seed: int) -> dict:
     }
 
 
-def _is_complete(path: Path, seed: int) -> bool:
-    stamp = path / _STAMP
-    if not stamp.is_file():
-        return False
+def stamp_matches(path: Path, stamp: str, recipe: dict) -> bool:
+    """Whether ``path/stamp`` records exactly ``recipe`` (a finished build of it)."""
     try:
-        return json.loads(stamp.read_text()) == json.loads(json.dumps(_recipe(seed)))
+        return json.loads((path / stamp).read_text()) == json.loads(json.dumps(recipe))
     except (OSError, ValueError):
         return False
+
+
+def build_atomically(path: str | os.PathLike, stamp: str, recipe: dict, build, force: bool = False) -> str:
+    """Build a model directory at ``path`` with ``build(tmp_dir)`` unless one
+    stamped with ``recipe`` is there; return it.
+
+    Writes into a temporary sibling directory and renames it into place, so a
+    concurrent or interrupted build never leaves a half-written model behind.
+    """
+    path = Path(path).resolve()
+    if not force and stamp_matches(path, stamp, recipe):
+        return str(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    tmp.chmod(0o755)  # mkdtemp creates 0700; the model dir should be shareable
+    try:
+        build(tmp)
+        (tmp / stamp).write_text(json.dumps(recipe, indent=1, sort_keys=True))
+        if stamp_matches(path, stamp, recipe) and not force:
+            return str(path)  # someone else finished first
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return str(path)
 
 
 def _corpus_files() -> list[str]:
@@ -182,31 +207,13 @@ def _build_model(out_dir: Path, seed: int) -> None:
 
 
 def build_tiny_model(path: str | os.PathLike, seed: int = 0, force: bool = False) -> str:
-    """Build the tiny model directory at ``path`` (if needed) and return it.
+    """Build the tiny model directory at ``path`` (if needed) and return it."""
 
-    Writes into a temporary sibling directory and renames it into place, so a
-    concurrent or interrupted build never leaves a half-written model behind.
-    """
-    path = Path(path).resolve()
-    if not force and _is_complete(path, seed):
-        return str(path)
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    tmp.chmod(0o755)  # mkdtemp creates 0700; the model dir should be shareable
-    try:
+    def build(tmp: Path) -> None:
         _build_tokenizer(tmp)
         _build_model(tmp, seed)
-        (tmp / _STAMP).write_text(json.dumps(_recipe(seed), indent=1, sort_keys=True))
-        if _is_complete(path, seed) and not force:
-            return str(path)  # someone else finished first
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return str(path)
+
+    return build_atomically(path, _STAMP, _recipe(seed), build, force)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -9,12 +9,12 @@ turn, ``--rounds`` times in rotating order: a machine whose speed drifts
 alike, and the figures are medians over the rounds. Every run (a concurrency
 and a round) sends prompts of its own, the same ones to every configuration,
 so no drafter has seen a run's answers before, while all of them keep what
-earlier runs taught them, as a serving system would. LOOKAHEAD's servers run with ``--enable-metrics``; after each
-run the script reads which path its decode steps took
-(``sglang:lookahead_steps_total`` by path and reason).
-The file is built from text that installed PyPI packages ship (sglang's and
-numpy's sources and README), with copy-heavy requests mixed in: code edits
-and questions over pasted documents.
+earlier runs taught them, as a serving system would. LOOKAHEAD's servers
+run with ``--enable-metrics``; after each run the script reads which path
+its decode steps took (``sglang:lookahead_steps_total`` by path and reason).
+The prompts are built from text that installed PyPI packages ship (sglang's
+and numpy's sources and README): code edits, questions over pasted
+documents and chat, each numbered so that no two are alike.
 
 Prints a markdown table of median TPOT, output tokens/s and accept length
 with ratios to plain decoding in the same scheduling mode (speculative

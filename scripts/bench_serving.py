@@ -29,11 +29,13 @@ PNG plot of TPOT against concurrency.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import inspect
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import time
@@ -121,12 +123,6 @@ def lookahead_steps(url: str) -> dict:
             key = f"{labels['path'].strip(chr(34))}/{labels['reason'].strip(chr(34))}"
             steps[key] = steps.get(key, 0) + float(line.rsplit(" ", 1)[1])
     return steps
-
-
-def median(values: list) -> float:
-    values = sorted(values)
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
 def reference(config: str, device: str):
@@ -276,19 +272,18 @@ def main(argv=None) -> int:
                         f"({time.time() - t0:.0f} s)")
             for config in configs:
                 recs = runs[config]
-                steps = {}
+                steps = collections.Counter()
                 for rec in recs:
-                    for k, v in rec["steps"].items():
-                        steps[k] = steps.get(k, 0) + v
+                    steps.update(rec["steps"])
                 als = [rec["accept_length"] for rec in recs if rec.get("accept_length")]
                 results.append({"config": config, "concurrency": c,
-                                "median_tpot_ms": median([rec["median_tpot_ms"] for rec in recs]),
-                                "output_throughput": median([rec["output_throughput"] for rec in recs]),
+                                "median_tpot_ms": statistics.median([rec["median_tpot_ms"] for rec in recs]),
+                                "output_throughput": statistics.median([rec["output_throughput"] for rec in recs]),
                                 "accept_length": sum(als) / len(als) if als else None,
                                 "completed": sum(rec["completed"] for rec in recs),
                                 "rounds": [{"median_tpot_ms": rec["median_tpot_ms"],
                                             "output_throughput": rec["output_throughput"]} for rec in recs],
-                                "steps": steps})
+                                "steps": dict(steps)})
     results.sort(key=lambda r: (configs.index(r["config"]), r["concurrency"]))
 
     table = markdown(results, args.device)

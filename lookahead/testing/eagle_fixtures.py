@@ -49,10 +49,6 @@ DEFAULT_SIGMA = 0.25
 HEAD_LAYERS = 1
 
 
-def _atomic_build(path: Path, recipe: dict, build, force: bool) -> str:
-    return tiny_model.build_atomically(path, _STAMP, recipe, build, force)
-
-
 def build_bigram_target(path, seed: int = 0, force: bool = False) -> str:
     """The bigram target at ``path`` (built if needed); returns the path."""
     recipe = {"kind": "bigram-target", "version": RECIPE_VERSION, "seed": seed,
@@ -83,7 +79,7 @@ def build_bigram_target(path, seed: int = 0, force: bool = False) -> str:
             pad_token_id=tiny_model.MODEL_CONFIG["pad_token_id"], do_sample=False)
         model.save_pretrained(str(out), safe_serialization=True)
 
-    return _atomic_build(Path(path), recipe, build, force)
+    return tiny_model.build_atomically(path, _STAMP, recipe, build, force)
 
 
 def build_eagle_head(path, target_path, sigma: float = 0.0, seed: int = 0, force: bool = False) -> str:
@@ -121,7 +117,7 @@ def build_eagle_head(path, target_path, sigma: float = 0.0, seed: int = 0, force
             if name.startswith(("tokenizer", "special_tokens")):
                 shutil.copy(target_path / name, out / name)
 
-    return _atomic_build(Path(path), recipe, build, force)
+    return tiny_model.build_atomically(path, _STAMP, recipe, build, force)
 
 
 def build_fixtures(root, seed: int = 0, sigma: float = DEFAULT_SIGMA) -> dict:

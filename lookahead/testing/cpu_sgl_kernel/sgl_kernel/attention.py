@@ -10,10 +10,11 @@ sglang's ``IntelAMXAttnBackend`` calls two ops (see
 * ``extend_attention_cpu``: ``extend_seq_lens[i]`` query tokens per request that
   follow a cached prefix of ``seq_lens[i] - extend_seq_lens[i]`` tokens. The
   backend has already stored the new K/V (``k_extend``/``v_extend``) in the
-  cache, so all keys are read from there. It also serves speculative TARGET_VERIFY batches: there
-  ``tree_mask`` holds, per request, an ``n x n`` bool matrix (flat, row-major,
-  ``mask[i, j]`` = draft token ``i`` may see draft token ``j``) that replaces
-  the causal mask among the draft tokens; the prefix stays fully visible.
+  cache, so all keys are read from there. It also serves speculative
+  TARGET_VERIFY batches: there ``tree_mask`` holds, per request, an ``n x n``
+  bool matrix (flat, row-major, ``mask[i, j]`` = draft token ``i`` may see
+  draft token ``j``) that replaces the causal mask among the draft tokens;
+  the prefix stays fully visible.
 
 Math is done in float32 and written into ``o`` in its own dtype. Loops run per
 request: the batches these tests serve are small, and clarity beats speed here.

@@ -29,6 +29,11 @@ Sampling and penalties (``lookahead.tree_penalties``):
   count every committed token, not the last one of each step.
 * ``SamplingBatchInfo.copy_for_forward`` (AROUND): the forward's copy keeps
   a snapshot of the committed penalty state, which it otherwise drops.
+* ``ngram_worker.move_accept_tokens_to_target_kvcache`` (AROUND): skipped
+  for a width-1 verify (the fallback tier), where it would copy every
+  accepted slot onto itself.
+* ``ngram_worker.commit_mamba_states_after_verify`` (AROUND): the check
+  whether the model has mamba state at all is made once, not every step.
 * ``ngram_worker.eagle_sample`` (AROUND), for LOOKAHEAD's verify inputs only:
   each tree node gets the penalties of its own path, and on CPU a sampling
   batch is verified by rejection sampling (``lookahead.cpu_sampling``)
@@ -149,6 +154,30 @@ def _sample_tree(original, verify_input, batch, logits_output, grammar_mask=None
             info.acc_additive_penalties, info.acc_scaling_penalties = saved
 
 
+def _skip_width_one_move(original, batch, accept_index, num_correct_drafts, *args, **kwargs):
+    spec = batch.spec_info
+    if isinstance(spec, LookaheadVerifyInput) and spec.draft_token_num == 1:
+        # A width-1 verify accepts its root alone, whose K/V the forward
+        # wrote into the slot it keeps: the move would copy every slot onto itself.
+        return None
+    return original(batch, accept_index, num_correct_drafts, *args, **kwargs)
+
+
+def _commit_mamba_if_any(original, target_worker, *args, **kwargs):
+    # SGLang returns at once for a model without mamba state, after a config
+    # check that costs as much as a small kernel; the answer is kept here.
+    model_runner = target_worker.model_runner
+    has_state = getattr(model_runner, "_lookahead_has_mamba_state", None)
+    if has_state is None:
+        from sglang.srt.configs.hybrid_arch import mambaish_config
+
+        has_state = mambaish_config(model_runner.model_config) is not None
+        model_runner._lookahead_has_mamba_state = has_state
+    if has_state:
+        return original(target_worker, *args, **kwargs)
+    return None
+
+
 # -- LOOKAHEAD + EAGLE (lookahead.hybrid_worker) ------------------------------------
 
 _hybrid_installed = False
@@ -239,6 +268,8 @@ def install() -> None:
          _cumulate_every_token),
         ("sglang.srt.sampling.sampling_batch_info.SamplingBatchInfo.copy_for_forward", _copy_with_penalties),
         ("sglang.srt.speculative.ngram_worker.eagle_sample", _sample_tree),
+        ("sglang.srt.speculative.ngram_worker.move_accept_tokens_to_target_kvcache", _skip_width_one_move),
+        ("sglang.srt.speculative.ngram_worker.commit_mamba_states_after_verify", _commit_mamba_if_any),
     ))
     _installed = True
     logger.debug("LOOKAHEAD: SGLang hooks installed")

@@ -63,6 +63,10 @@ def pack_drafts(drafts: Sequence, roots: Sequence[int], width: int) -> VerifyTre
         raise ValueError(f"{bs} drafts but {len(roots)} roots")
     if width < 1:
         raise ValueError(f"verify width must be >= 1, got {width}")
+    if width == 1:
+        # The fallback tier's tree: the root alone. Every step above the max
+        # batch size takes this, so it skips the general layout.
+        return VerifyTrees(np.asarray(roots, dtype=np.int64), np.ones(bs, dtype=bool), 1, True, [0] * bs)
     tokens = np.full((bs, width), PAD_TOKEN, dtype=np.int64)
     parent = np.zeros((bs, width), dtype=np.int64)
     chain = all(_is_chain(d.parents[: width - 1]) for d in drafts)

@@ -150,6 +150,7 @@ class LookaheadWorker(NGRAMWorker):
         self._buffers["tree_mask"] = torch.empty(
             (nodes * self.speculative_num_draft_tokens,), dtype=torch.bool, device=self.device)
         self._full_mask = torch.empty((0,), dtype=torch.bool, device=self.device)
+        self._node_index = torch.arange(nodes, dtype=torch.int64, device=self.device)
 
     def init_cuda_graphs(self):
         """On a GPU: the width-N verify tier next to the width-1 tier SGLang's
@@ -333,10 +334,17 @@ class LookaheadWorker(NGRAMWorker):
         retrieve_index = buf["retrieve_index"][:n].view(bs, width)
         retrieve_next_token = buf["next_token"][:n].view(bs, width)
         retrieve_next_sibling = buf["next_sibling"][:n].view(bs, width)
-        reconstruct_indices_from_tree_mask_func(
-            tree_mask, batch.seq_lens, positions, retrieve_index, retrieve_next_token,
-            retrieve_next_sibling, bs, width,
-        )
+        if width == 1:
+            # The root alone: it sits at the committed length, links to nothing.
+            positions.copy_(batch.seq_lens)
+            retrieve_index.copy_(self._node_index[:bs].view(bs, 1))
+            retrieve_next_token.fill_(-1)
+            retrieve_next_sibling.fill_(-1)
+        else:
+            reconstruct_indices_from_tree_mask_func(
+                tree_mask, batch.seq_lens, positions, retrieve_index, retrieve_next_token,
+                retrieve_next_sibling, bs, width,
+            )
         custom_mask = tree_mask  # the CPU backend takes the tree part only
         if not _is_cpu:
             seq_lens_sum = int(batch.seq_lens_cpu.sum())
@@ -348,15 +356,20 @@ class LookaheadWorker(NGRAMWorker):
 
         batch.forward_mode = ForwardMode.TARGET_VERIFY
         batch.input_ids = draft_tokens
-        batch.out_cache_loc = assign_extend_cache_locs_func(
-            req_pool_indices=batch.req_pool_indices,
-            req_to_token=batch.req_to_token_pool.req_to_token,
-            start_offset=batch.seq_lens,
-            end_offset=batch.seq_lens + width,
-            batch_size=bs,
-            draft_token_num=width,
-            device=self.device,
-        )
+        if width == 1:
+            # The slot reserved at each request's committed length: one gather.
+            batch.out_cache_loc = batch.req_to_token_pool.req_to_token[
+                batch.req_pool_indices, batch.seq_lens].to(torch.int64)
+        else:
+            batch.out_cache_loc = assign_extend_cache_locs_func(
+                req_pool_indices=batch.req_pool_indices,
+                req_to_token=batch.req_to_token_pool.req_to_token,
+                start_offset=batch.seq_lens,
+                end_offset=batch.seq_lens + width,
+                batch_size=bs,
+                draft_token_num=width,
+                device=self.device,
+            )
         prepare_mamba_track_for_verify(batch)
         penalty_inputs = None
         if self._penalty_uncounted is not None:

@@ -131,10 +131,9 @@ def decode_attention_cpu(
         rows = req_to_token[pool, :seq_len].long()
         k = _load(k_cache, rows, k_scale)
         v = _load(v_cache, rows, v_scale)
-        k_pos = torch.arange(seq_len)
-        q_pos = torch.tensor([seq_len - 1])
         visible = torch.ones(1, seq_len, dtype=torch.bool)
-        visible = _window(visible, q_pos, k_pos, sliding_window)
+        if sliding_window > 0:
+            visible = _window(visible, torch.tensor([seq_len - 1]), torch.arange(seq_len), sliding_window)
         result = attend(q[i : i + 1], k, v, visible, sm_scale, logit_cap, sinks)
         out[i] = result[0].to(out.dtype)
 
@@ -174,7 +173,8 @@ def extend_attention_cpu(
     ext_lens = extend_seq_lens.tolist()
     starts = extend_start_loc.tolist()
     pools = req_pool_indices.tolist()
-    tree = _split_tree_mask(tree_mask, lens, ext_lens)
+    # One query per request (a width-1 verify) needs no tree: a node sees itself.
+    tree = _split_tree_mask(tree_mask, lens, ext_lens) if max(ext_lens, default=0) > 1 else None
 
     for i, (seq_len, ext, start, pool) in enumerate(zip(lens, ext_lens, starts, pools)):
         if ext == 0:
@@ -185,8 +185,10 @@ def extend_attention_cpu(
         # the cache, as the decode op reads it: one gather, no concatenation.
         rows = req_to_token[pool, :seq_len].long()
         k, v = _load(k_buffer, rows, k_scale), _load(v_buffer, rows, v_scale)
-        if ext == 1 and tree is None and sliding_window <= 0:
-            visible = torch.ones(1, seq_len, dtype=torch.bool)  # a verify of width 1: decode's mask
+        if ext == 1 and is_causal and sliding_window <= 0:
+            # One query at the end (a width-1 verify, or a one-token extend):
+            # decode's mask, every key visible; a tree of one node is itself.
+            visible = torch.ones(1, seq_len, dtype=torch.bool)
         else:
             q_pos = torch.arange(prefix, seq_len)
             k_pos = torch.arange(seq_len)

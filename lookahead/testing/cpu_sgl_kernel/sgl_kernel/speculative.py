@@ -85,6 +85,13 @@ def verify_tree_greedy_cpu(
     """
     bs, _ = candidates.shape
     steps = accept_index.shape[1]
+    if candidates.shape[1] == 1:
+        # Roots only (width-1 verify): each accepts its root and nothing more.
+        roots = retrive_index[:, 0].long()
+        accept_index[:, 0] = roots.to(accept_index.dtype)
+        accept_token_num.zero_()
+        predicts[roots] = target_predict.reshape(-1)[roots].to(predicts.dtype)
+        return
     cand = candidates.tolist()
     index = retrive_index.tolist()
     next_token = retrive_next_token.tolist()

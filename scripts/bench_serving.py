@@ -9,9 +9,10 @@ turn, ``--rounds`` times in rotating order: a machine whose speed drifts
 alike, and the figures are medians over the rounds. Every run (a concurrency
 and a round) sends prompts of its own, the same ones to every configuration,
 so no drafter has seen a run's answers before, while all of them keep what
-earlier runs taught them, as a serving system would. LOOKAHEAD's servers
-run with ``--enable-metrics``; after each run the script reads which path
-its decode steps took (``sglang:lookahead_steps_total`` by path and reason).
+earlier runs taught them, as a serving system would. Every server
+runs with ``--enable-metrics`` (it costs each step a little, so all pay it);
+after each run the script reads which path LOOKAHEAD's decode steps took
+(``sglang:lookahead_steps_total`` by path and reason).
 The prompts are built from text that installed PyPI packages ship (sglang's
 and numpy's sources and README): code edits, questions over pasted
 documents and chat, each numbered so that no two are alike.
@@ -243,8 +244,10 @@ def main(argv=None) -> int:
             flags = list(CONFIGS[config])
             if config.startswith(("ngram", "lookahead")):
                 flags += ["--speculative-num-draft-tokens", str(args.num_draft_tokens)]
-            if config.startswith("lookahead"):
-                flags += ["--enable-metrics"]
+            # Every server collects metrics, which cost the scheduler a little
+            # every step: LOOKAHEAD's path counters come from them, and the
+            # servers compared with it must pay the same.
+            flags += ["--enable-metrics"]
             log(f"starting {config} server")
             servers[config] = stack.enter_context(
                 SGLangServer(model, base_args + flags, env, out_dir / f"server_{config}.log"))

@@ -58,6 +58,7 @@ class StepPolicy:
     local_costs: bool = True  # decide from this process's own measurements (no tensor parallelism)
     explore_every: int = 64  # steps of a batch size between two tries of the option not taken
     smoothing: float = 0.2  # weight of a new cost sample
+    max_jump: float = 2.0  # a sample counts as at most this factor off the current estimate
     calibration_smoothing: float = 0.05  # weight of a new acceptance ratio
     costs: dict = field(default_factory=dict)  # (bs, kind) -> _Cost: what decisions read
     measured: dict = field(default_factory=dict)  # (bs, kind) -> _Cost: this rank's samples
@@ -120,7 +121,16 @@ class StepPolicy:
         """A step's measured cost (from its start to the next decode step's)."""
         table = self.costs if self.local_costs else self.measured
         cost = table.setdefault((bs, SPECULATE if speculated else SINGLE), _Cost())
-        cost.seconds = seconds if not cost.samples else cost.seconds + self.smoothing * (seconds - cost.seconds)
+        if cost.samples:
+            # One stalled step (a page fault storm, another process, a GC
+            # pause) can be many times the usual cost; taken whole, it would
+            # flip the choice for every step until exploration re-measures it.
+            # Clipped, a real change of cost still moves the estimate within
+            # a few samples.
+            seconds = min(max(seconds, cost.seconds / self.max_jump), cost.seconds * self.max_jump)
+            cost.seconds += self.smoothing * (seconds - cost.seconds)
+        else:
+            cost.seconds = seconds
         cost.samples += 1
         cost.last_step = self.steps_by_bs.get(bs, 0)
 

@@ -318,6 +318,31 @@ def test_extend_equals_decode_steps():
         torch.testing.assert_close(out, out_ext[t : t + 1], atol=1e-6, rtol=1e-6)
 
 
+def test_width_one_verify_equals_decode():
+    """A width-1 TARGET_VERIFY (one query per request, NGRAM's one-node tree
+    mask) attends exactly as the decode op does at the same lengths."""
+    seq_lens = [5, 9, 1]
+    heads, heads_kv, dim = 4, 2, 16
+    cache = _Paged(seq_lens, heads_kv, dim, seed=4)
+    bs = len(seq_lens)
+    q = torch.randn(bs, heads, dim)
+    out_verify, out_decode = torch.empty(bs, heads, dim), torch.empty(bs, heads, dim)
+    ops.extend_attention_cpu(
+        q, None, None, out_verify, cache.k, cache.v, 1.0, 1.0, cache.req_to_token, cache.pool_idx,
+        torch.tensor(seq_lens), torch.ones(bs, dtype=torch.int64), torch.arange(bs), 1, 0.25, 0.0,
+        False, 0, None, None, torch.ones(bs, dtype=torch.bool), True,
+    )
+    ops.decode_attention_cpu(
+        q, cache.k, cache.v, 1.0, 1.0, out_decode, None, None, torch.tensor([0]), torch.empty(1),
+        cache.req_to_token, cache.pool_idx, torch.tensor(seq_lens), 0.25, 0.0, False, 0, None, None,
+    )
+    torch.testing.assert_close(out_verify, out_decode, atol=0, rtol=0)
+    for b, n in enumerate(seq_lens):
+        k, v = cache.dense(b, n)
+        ref = _dense_attention(q[b : b + 1], k, v, torch.ones(1, n, dtype=torch.bool), 0.25)
+        torch.testing.assert_close(out_verify[b : b + 1].double(), ref, atol=1e-5, rtol=1e-5)
+
+
 # ---------------------------------------------------------------- KV bookkeeping
 
 
@@ -453,6 +478,25 @@ def test_verify_tree_greedy(shim, seed):
         for i in range(n):
             expect = target[b, i].item() if i in path else -7
             assert predicts[b * n + i].item() == expect
+
+
+def test_verify_tree_greedy_roots_only(shim):
+    """Width-1 trees (the fallback tier): every request accepts its root alone,
+    and the target's token there is the step's token."""
+    bs = 5
+    target = torch.tensor([[3], [1], [4], [1], [5]])
+    predicts = torch.full((bs,), -7, dtype=torch.int32)
+    accept_index = torch.full((bs, 3), -1, dtype=torch.int32)
+    accept_num = torch.full((bs,), 9, dtype=torch.int32)
+    shim.verify_tree_greedy_cpu(
+        predicts=predicts, accept_index=accept_index, accept_token_num=accept_num,
+        candidates=torch.tensor([[7]] * bs), retrive_index=torch.arange(bs).view(bs, 1),
+        retrive_next_token=torch.full((bs, 1), -1), retrive_next_sibling=torch.full((bs, 1), -1),
+        target_predict=target,
+    )
+    assert predicts.tolist() == [3, 1, 4, 1, 5]
+    assert accept_index.tolist() == [[b, -1, -1] for b in range(bs)]
+    assert accept_num.tolist() == [0] * bs
 
 
 def _eagle_draft_tree(bs, topk, steps, n, gen):

@@ -58,6 +58,22 @@ def test_speculates_where_it_pays_and_not_where_it_costs():
     assert not policy.wants_drafts(32) or policy.decide(32, 32.0).reason == "explore"
 
 
+def test_one_stalled_step_does_not_flip_the_choice():
+    """At batch size 1 speculation pays by far; one verify step that stalls for
+    30x its cost (the VM, another process) must not stop it speculating."""
+    policy = StepPolicy(max_batch_size=32)
+    for _ in range(50):
+        for speculate in (True, False):
+            policy.record_cost(1, speculate, 0.011 if speculate else 0.010)
+    assert policy.decide(1, 1.5).reason == "pays"
+    policy.record_cost(1, True, 0.33)
+    assert policy.decide(1, 1.5).reason == "pays"
+    # A lasting change of cost is still followed within a few steps.
+    for _ in range(12):
+        policy.record_cost(1, True, 0.05)
+    assert policy.decide(1, 1.5).reason in ("does_not_pay", "explore")
+
+
 def test_exploration_is_bounded():
     policy = StepPolicy(max_batch_size=32, explore_every=64)
     simulate(policy, MEMORY_BOUND, 1.5, steps=6000)

@@ -55,6 +55,14 @@ def test_long_drafts_are_cut_to_width():
     assert trees.draft_lens == [2]
 
 
+def test_width_one_is_the_roots_alone():
+    # The fallback tier: drafts (if any) are cut away, each root sees itself.
+    trees = pack_drafts([Draft([1, 2], [-1, 0]), Draft([], [])], roots=[9, 8], width=1)
+    assert trees.tokens.tolist() == [9, 8]
+    assert trees.mask.tolist() == [True, True]
+    assert trees.is_chain and trees.width == 1 and trees.draft_lens == [0, 0]
+
+
 def test_ancestor_mask_of_random_trees():
     rng = np.random.default_rng(0)
     for _ in range(50):

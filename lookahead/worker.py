@@ -335,15 +335,27 @@ class LookaheadWorker(NGRAMWorker):
         retrieve_next_token = buf["next_token"][:n].view(bs, width)
         retrieve_next_sibling = buf["next_sibling"][:n].view(bs, width)
         if width == 1:
-            # The root alone: it sits at the committed length, links to nothing.
+            # The root alone: it sits at the committed length, links to
+            # nothing, and its K/V goes to the slot reserved there (one gather).
             positions.copy_(batch.seq_lens)
             retrieve_index.copy_(self._node_index[:bs].view(bs, 1))
             retrieve_next_token.fill_(-1)
             retrieve_next_sibling.fill_(-1)
+            out_cache_loc = batch.req_to_token_pool.req_to_token[
+                batch.req_pool_indices, batch.seq_lens].to(torch.int64)
         else:
             reconstruct_indices_from_tree_mask_func(
                 tree_mask, batch.seq_lens, positions, retrieve_index, retrieve_next_token,
                 retrieve_next_sibling, bs, width,
+            )
+            out_cache_loc = assign_extend_cache_locs_func(
+                req_pool_indices=batch.req_pool_indices,
+                req_to_token=batch.req_to_token_pool.req_to_token,
+                start_offset=batch.seq_lens,
+                end_offset=batch.seq_lens + width,
+                batch_size=bs,
+                draft_token_num=width,
+                device=self.device,
             )
         custom_mask = tree_mask  # the CPU backend takes the tree part only
         if not _is_cpu:
@@ -356,20 +368,7 @@ class LookaheadWorker(NGRAMWorker):
 
         batch.forward_mode = ForwardMode.TARGET_VERIFY
         batch.input_ids = draft_tokens
-        if width == 1:
-            # The slot reserved at each request's committed length: one gather.
-            batch.out_cache_loc = batch.req_to_token_pool.req_to_token[
-                batch.req_pool_indices, batch.seq_lens].to(torch.int64)
-        else:
-            batch.out_cache_loc = assign_extend_cache_locs_func(
-                req_pool_indices=batch.req_pool_indices,
-                req_to_token=batch.req_to_token_pool.req_to_token,
-                start_offset=batch.seq_lens,
-                end_offset=batch.seq_lens + width,
-                batch_size=bs,
-                draft_token_num=width,
-                device=self.device,
-            )
+        batch.out_cache_loc = out_cache_loc
         prepare_mamba_track_for_verify(batch)
         penalty_inputs = None
         if self._penalty_uncounted is not None:

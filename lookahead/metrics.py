@@ -60,18 +60,25 @@ class LookaheadMetrics:
             names, multiprocess_mode="mostrecent",
         )
         self._prompt_tokens_seen = 0
+        # Events come every decode step: the labelled children are looked up once.
+        self._draft_seconds = self.draft_seconds.labels(**labels)
+        self._accept_length = self.accept_length.labels(**labels)
+        self._steps = {}
 
     def __call__(self, event: str, **fields) -> None:
-        labels = self._labels
         if event == "step":
-            self.steps.labels(**labels, path=fields["path"], reason=fields["reason"]).inc()
+            key = (fields["path"], fields["reason"])
+            child = self._steps.get(key)
+            if child is None:
+                child = self._steps[key] = self.steps.labels(**self._labels, path=key[0], reason=key[1])
+            child.inc()
             self._maybe_refresh_trie()
         elif event == "draft":
-            self.draft_seconds.labels(**labels).observe(fields["seconds"])
+            self._draft_seconds.observe(fields["seconds"])
         elif event == "accept":
-            hist = self.accept_length.labels(**labels)
+            observe = self._accept_length.observe
             for n in fields["num_correct_drafts_per_req"]:
-                hist.observe(n + 1)
+                observe(n + 1)
 
     def _maybe_refresh_trie(self) -> None:
         now = time.monotonic()

@@ -37,12 +37,15 @@ Sampling and penalties (``lookahead.tree_penalties``):
 * ``ngram_worker.eagle_sample`` (AROUND), for LOOKAHEAD's verify inputs only:
   each tree node gets the penalties of its own path, and on CPU a sampling
   batch is verified by rejection sampling (``lookahead.cpu_sampling``)
-  rather than greedily.
+  rather than greedily; a greedy width-1 verify commits the argmax of each
+  root without the tree walk.
 """
 
 from __future__ import annotations
 
 import logging
+
+import torch
 
 from lookahead.server_args import ALGORITHM_NAME
 from lookahead.verify_input import LookaheadVerifyInput, capture_verify_input
@@ -144,6 +147,8 @@ def _sample_tree(original, verify_input, batch, logits_output, grammar_mask=None
         saved = (info.acc_additive_penalties, info.acc_scaling_penalties)
         info.acc_additive_penalties = info.acc_scaling_penalties = None
     try:
+        if verify_input.draft_token_num == 1 and _argmax_decides(info, kwargs.get("watermark_state")):
+            return _roots_argmax(verify_input, info, logits_output, grammar_mask)
         if logits_output.next_token_logits.device.type == "cpu" and not info.is_all_greedy:
             from lookahead.cpu_sampling import tree_sampling_verify
 
@@ -152,6 +157,40 @@ def _sample_tree(original, verify_input, batch, logits_output, grammar_mask=None
     finally:
         if saved is not None:
             info.acc_additive_penalties, info.acc_scaling_penalties = saved
+
+
+def _argmax_decides(info, watermark_state) -> bool:
+    """Whether a width-1 verify is plain greedy decoding: an all-greedy batch
+    with no watermark and no simulated acceptance."""
+    from sglang.srt.speculative.spec_utils import SIMULATE_ACC_LEN
+
+    return (info.is_all_greedy and SIMULATE_ACC_LEN <= 0
+            and (watermark_state is None or not info.has_watermark_candidates))
+
+
+def _roots_argmax(verify_input, info, logits_output, grammar_mask):
+    """``eagle_sample`` for a tree of one node per request, greedy: the
+    fallback tier's every step. Each request commits the target's argmax at
+    its root, after the same logit changes ``eagle_sample`` makes (at width 1
+    its per-node repeats are the rows themselves), without the tree walk."""
+    from sglang.srt.sampling.penaltylib.repetition_penalty import apply_scaling_penalties
+    from sglang.srt.utils.async_probe import sanitize_nan_logits
+
+    logits = logits_output.next_token_logits
+    sanitize_nan_logits(logits, "verify: target model logits")
+    if info.acc_additive_penalties is not None:
+        logits.add_(info.acc_additive_penalties)
+    if info.acc_scaling_penalties is not None:
+        apply_scaling_penalties(logits, info.acc_scaling_penalties)
+    if info.logit_bias is not None:
+        logits.add_(info.logit_bias)
+    if grammar_mask is not None:
+        grammar_mask.apply(logits)
+    predict = torch.argmax(logits, dim=-1).to(torch.int32)
+    # Node i is request i's root: the width-1 retrieve_index is arange(bs).
+    accept_index = verify_input.retrieve_index.to(torch.int32)
+    accept_lens = torch.ones_like(predict)
+    return predict, accept_lens, accept_index
 
 
 def _skip_width_one_move(original, batch, accept_index, num_correct_drafts, *args, **kwargs):

@@ -55,12 +55,13 @@ class StepStats:
             listener("draft", seconds=seconds, drafted=drafted, requests=requests)
 
     def record_accept(self, num_correct_drafts_per_req) -> None:
-        for n in num_correct_drafts_per_req:
-            self.accept_hist[n] += 1
-            self.accepted_tokens += n + 1
-            self.decode_steps += 1
-            self._window["accepted"] += n + 1
-            self._window["req_steps"] += 1
+        requests = len(num_correct_drafts_per_req)
+        committed = sum(num_correct_drafts_per_req) + requests  # each request-step adds its bonus token
+        self.accept_hist.update(num_correct_drafts_per_req)
+        self.accepted_tokens += committed
+        self.decode_steps += requests
+        self._window["accepted"] += committed
+        self._window["req_steps"] += requests
         for listener in self.listeners:
             listener("accept", num_correct_drafts_per_req=list(num_correct_drafts_per_req))
 

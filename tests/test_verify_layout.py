@@ -110,3 +110,99 @@ def test_a_tier_sees_its_own_width_and_batch_sizes_then_restores(published):
         assert list(get_exec().graph.cuda_graph_config.decode.bs) == before[2]
     after = get_exec().graph.cuda_graph_config
     assert (get_spec().speculative_num_draft_tokens, get_spec().speculative_eagle_topk, list(after.decode.bs)) == before
+
+
+class _BanTokens:
+    """A grammar mask (``GrammarMask.apply``'s contract) that forbids some tokens."""
+
+    def __init__(self, tokens):
+        self.tokens = tokens
+
+    def apply(self, logits):
+        logits[:, self.tokens] = float("-inf")
+
+
+@pytest.fixture
+def cpu_tree_walk(monkeypatch):
+    """SGLang's greedy tree walk as its CPU engine runs it, with the CPU
+    stand-in's ``verify_tree_greedy_cpu``, for the test only."""
+    import importlib
+    import sys
+
+    from sglang.kernels.ops.speculative import spec_tree
+
+    from lookahead.testing.cpu_env import cpu_sgl_kernel_path
+
+    preloaded = "sgl_kernel" in sys.modules
+    sys.path.insert(0, cpu_sgl_kernel_path())
+    try:
+        walk = importlib.import_module("sgl_kernel.speculative").verify_tree_greedy_cpu
+    finally:
+        sys.path.remove(cpu_sgl_kernel_path())
+        if not preloaded:
+            for name in [m for m in sys.modules if m == "sgl_kernel" or m.startswith("sgl_kernel.")]:
+                del sys.modules[name]
+    # This process is not SGLang's CPU engine: spec_tree took no CPU branch at import.
+    monkeypatch.setattr(spec_tree, "_is_cpu", True)
+    monkeypatch.setattr(spec_tree, "sgl_verify_tree_greedy_cpu", walk, raising=False)
+
+
+@pytest.mark.parametrize("extra", ["none", "additive", "scaling", "logit_bias", "grammar"])
+def test_greedy_width_one_verify_commits_what_eagle_sample_commits(published, cpu_tree_walk, extra):
+    """The fallback tier's greedy shortcut in the ``eagle_sample`` hook: the same
+    tokens, lengths and indices as SGLang's tree walk, with every logit change
+    eagle_sample makes, and without calling it."""
+    from types import SimpleNamespace
+
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.speculative.eagle_utils import eagle_sample
+
+    from lookahead import sglang_hooks
+    from lookahead.verify_input import LookaheadVerifyInput
+
+    bs, vocab = 6, 50
+    gen = torch.Generator().manual_seed(7)
+    logits = torch.randn(bs, vocab, generator=gen)
+    # Without a change the argmax would be token 3 for every request: each
+    # change below must move it for the shortcut to match.
+    logits[:, 3] += 10.0
+    info = SimpleNamespace(is_all_greedy=True, has_watermark_candidates=False, acc_additive_penalties=None,
+                           acc_scaling_penalties=None, logit_bias=None)
+    grammar = None
+    if extra == "additive":
+        info.acc_additive_penalties = torch.zeros(bs, vocab)
+        info.acc_additive_penalties[:, 3] = -20.0
+    elif extra == "scaling":
+        info.acc_scaling_penalties = torch.ones(bs, vocab)
+        info.acc_scaling_penalties[:, 3] = 1e6
+    elif extra == "logit_bias":
+        info.logit_bias = torch.zeros(bs, vocab)
+        info.logit_bias[:, 3] = -30.0
+    elif extra == "grammar":
+        grammar = _BanTokens([3])
+    batch = SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY, seq_lens=torch.full((bs,), 9),
+                            sampling_info=info, device="cpu", return_logprob=False,
+                            req_pool_indices=torch.arange(bs))
+
+    def verify_input():
+        return LookaheadVerifyInput(
+            draft_token=torch.randint(0, vocab, (bs,), generator=gen), custom_mask=torch.ones(bs, dtype=torch.bool),
+            positions=torch.full((bs,), 9), retrieve_index=torch.arange(bs).view(bs, 1),
+            retrieve_next_token=torch.full((bs, 1), -1), retrieve_next_sibling=torch.full((bs, 1), -1),
+            draft_token_num=1)
+
+    want = eagle_sample(verify_input(), batch, SimpleNamespace(next_token_logits=logits.clone()), grammar,
+                        watermark_state=None)
+    calls = []
+
+    def tree_walk(*args, **kwargs):
+        calls.append(1)
+        return eagle_sample(*args, **kwargs)
+
+    got = sglang_hooks._sample_tree(tree_walk, verify_input(), batch, SimpleNamespace(next_token_logits=logits.clone()),
+                                    grammar, watermark_state=None)
+    assert not calls
+    assert extra == "none" or not (want[0] == 3).all()
+    for w, g in zip(want, got):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        assert torch.equal(g, w)

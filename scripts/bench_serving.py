@@ -13,6 +13,11 @@ earlier runs taught them, as a serving system would. Every server
 runs with ``--enable-metrics`` (it costs each step a little, so all pay it);
 after each run the script reads which path LOOKAHEAD's decode steps took
 (``sglang:lookahead_steps_total`` by path and reason).
+On CPU each server's scheduler computes with one thread
+(``SGLANG_CPU_OMP_THREADS_BIND=0`` unless set otherwise): on a machine with
+few cores the load generator, tokenizers and detokenizers need the other
+cores, and two compute threads per scheduler made two servers of the same
+configuration differ by 9-13 % in TPOT, run after run (one thread: 2 %).
 The prompts are built from text that installed PyPI packages ship (sglang's
 and numpy's sources and README): code edits, questions over pasted
 documents and chat, each numbered so that no two are alike.
@@ -206,6 +211,7 @@ def main(argv=None) -> int:
 
         env = cpu_env()
         env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(REPO)])
+        env.setdefault("SGLANG_CPU_OMP_THREADS_BIND", "0")  # one compute thread per scheduler
         base_args = cpu_server_args(max_running_requests=max(args.concurrency),
                                     max_total_tokens=max(32768, 2048 * max(args.concurrency)))
         model = args.model_path

@@ -123,32 +123,22 @@ class _BanTokens:
 
 
 @pytest.fixture
-def cpu_tree_walk(monkeypatch):
+def cpu_tree_walk(published, monkeypatch):
     """SGLang's greedy tree walk as its CPU engine runs it, with the CPU
-    stand-in's ``verify_tree_greedy_cpu``, for the test only."""
-    import importlib
-    import sys
-
+    stand-in's ``verify_tree_greedy_cpu`` (``published`` resolved a server
+    record, which imports the stand-in from the path ``sglang_args`` set)."""
+    import sgl_kernel
     from sglang.kernels.ops.speculative import spec_tree
 
-    from lookahead.testing.cpu_env import cpu_sgl_kernel_path
-
-    preloaded = "sgl_kernel" in sys.modules
-    sys.path.insert(0, cpu_sgl_kernel_path())
-    try:
-        walk = importlib.import_module("sgl_kernel.speculative").verify_tree_greedy_cpu
-    finally:
-        sys.path.remove(cpu_sgl_kernel_path())
-        if not preloaded:
-            for name in [m for m in sys.modules if m == "sgl_kernel" or m.startswith("sgl_kernel.")]:
-                del sys.modules[name]
+    if not getattr(sgl_kernel, "IS_CPU_SHIM", False):
+        pytest.skip("a real sgl_kernel is imported in this process")
     # This process is not SGLang's CPU engine: spec_tree took no CPU branch at import.
     monkeypatch.setattr(spec_tree, "_is_cpu", True)
-    monkeypatch.setattr(spec_tree, "sgl_verify_tree_greedy_cpu", walk, raising=False)
+    monkeypatch.setattr(spec_tree, "sgl_verify_tree_greedy_cpu", sgl_kernel.verify_tree_greedy_cpu, raising=False)
 
 
 @pytest.mark.parametrize("extra", ["none", "additive", "scaling", "logit_bias", "grammar"])
-def test_greedy_width_one_verify_commits_what_eagle_sample_commits(published, cpu_tree_walk, extra):
+def test_greedy_width_one_verify_commits_what_eagle_sample_commits(cpu_tree_walk, extra):
     """The fallback tier's greedy shortcut in the ``eagle_sample`` hook: the same
     tokens, lengths and indices as SGLang's tree walk, with every logit change
     eagle_sample makes, and without calling it."""

@@ -32,6 +32,10 @@ Sampling and penalties (``lookahead.tree_penalties``):
 * ``ngram_worker.move_accept_tokens_to_target_kvcache`` (AROUND): skipped
   for a width-1 verify (the fallback tier), where it would copy every
   accepted slot onto itself.
+* ``IntelAMXAttnBackend.forward_extend`` (AROUND), CPU: a width-1 verify
+  (one query per request, the root after its committed prefix) is computed
+  by the decode kernel, which is plain decoding's attention for the same
+  query and keys; the extend kernel's general path costs more per step.
 * ``ngram_worker.commit_mamba_states_after_verify`` (AROUND): the check
   whether the model has mamba state at all is made once, not every step.
 * ``ngram_worker.eagle_sample`` (AROUND), for LOOKAHEAD's verify inputs only:
@@ -202,6 +206,27 @@ def _skip_width_one_move(original, batch, accept_index, num_correct_drafts, *arg
     return original(batch, accept_index, num_correct_drafts, *args, **kwargs)
 
 
+def _width_one_verify_as_decode(original, self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None):
+    spec = forward_batch.spec_info
+    if (not isinstance(spec, LookaheadVerifyInput) or spec.draft_token_num != 1
+            or not forward_batch.forward_mode.is_target_verify() or not save_kv_cache
+            or k is None or layer.is_cross_attention or self.draft_decode_metadata is not None):
+        return original(self, q, k, v, layer, forward_batch, save_kv_cache, sinks)
+    from sglang.srt.layers.radix_attention import AttentionType
+
+    if layer.attn_type == AttentionType.ENCODER_ONLY:
+        return original(self, q, k, v, layer, forward_batch, save_kv_cache, sinks)
+    # The backend's verify metadata holds the lengths with the root counted
+    # (committed + 1): what a decode step's seq_lens are. The decode kernel
+    # writes the root's K/V at out_cache_loc itself, as in plain decoding.
+    seq_lens = self.extend_metadata[0]
+    self.draft_decode_metadata = (self.req_to_token_pool.req_to_token, seq_lens, forward_batch.req_pool_indices)
+    try:
+        return self.forward_decode(q, k, v, layer, forward_batch, save_kv_cache=True, sinks=sinks)
+    finally:
+        self.draft_decode_metadata = None
+
+
 def _commit_mamba_if_any(original, target_worker, *args, **kwargs):
     # SGLang returns at once for a model without mamba state, after a config
     # check that costs as much as a small kernel; the answer is kept here.
@@ -309,6 +334,8 @@ def install() -> None:
         ("sglang.srt.speculative.ngram_worker.eagle_sample", _sample_tree),
         ("sglang.srt.speculative.ngram_worker.move_accept_tokens_to_target_kvcache", _skip_width_one_move),
         ("sglang.srt.speculative.ngram_worker.commit_mamba_states_after_verify", _commit_mamba_if_any),
+        ("sglang.srt.layers.attention.intel_amx_backend.IntelAMXAttnBackend.forward_extend",
+         _width_one_verify_as_decode),
     ))
     _installed = True
     logger.debug("LOOKAHEAD: SGLang hooks installed")

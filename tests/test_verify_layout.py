@@ -196,3 +196,80 @@ def test_greedy_width_one_verify_commits_what_eagle_sample_commits(cpu_tree_walk
     for w, g in zip(want, got):
         assert g.dtype == w.dtype and g.shape == w.shape
         assert torch.equal(g, w)
+
+
+class _PagedKV:
+    """The two methods of a KV pool that ``IntelAMXAttnBackend`` calls, over one layer."""
+
+    def __init__(self, slots, heads_kv, dim, gen):
+        self.k = torch.randn(slots, heads_kv, dim, generator=gen)
+        self.v = torch.randn(slots, heads_kv, dim, generator=gen)
+
+    def get_key_buffer(self, layer_id):
+        return self.k
+
+    def get_value_buffer(self, layer_id):
+        return self.v
+
+    def set_kv_buffer(self, layer, loc, k, v, **scales):
+        self.k[loc.loc] = k.view(-1, *self.k.shape[1:])
+        self.v[loc.loc] = v.view(-1, *self.v.shape[1:])
+
+
+def test_width_one_verify_attention_runs_the_decode_kernel(cpu_tree_walk):
+    """On CPU the fallback tier's forward (a width-1 TARGET_VERIFY) takes the
+    decode kernel, with the root counted in its lengths, and gives the output
+    and the K/V writes of SGLang's own verify path, which takes the extend
+    kernel."""
+    from types import SimpleNamespace
+
+    from sglang.srt.layers.attention.intel_amx_backend import IntelAMXAttnBackend
+    from sglang.srt.layers.radix_attention import AttentionType
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.speculative.ngram_info import NgramVerifyInput
+
+    from lookahead import sglang_hooks
+    from lookahead.verify_input import LookaheadVerifyInput
+
+    sglang_hooks.install()
+    heads, heads_kv, dim, slots = 4, 2, 16, 96
+    committed = torch.tensor([5, 17, 1, 9])
+    bs = committed.numel()
+    gen = torch.Generator().manual_seed(11)
+    req_to_token = torch.randperm(slots, generator=gen).view(bs, slots // bs).to(torch.int32)
+    root_slots = req_to_token[torch.arange(bs), committed].to(torch.int64)
+    q = torch.randn(bs, heads * dim, generator=gen)
+    k = torch.randn(bs, heads_kv * dim, generator=gen)
+    v = torch.randn(bs, heads_kv * dim, generator=gen)
+    layer = SimpleNamespace(qk_head_dim=dim, v_head_dim=dim, tp_q_head_num=heads, layer_id=0, is_cross_attention=False,
+                            attn_type=AttentionType.DECODER, k_scale_float=None, v_scale_float=None, scaling=0.25,
+                            logit_cap=0.0, sliding_window_size=-1)
+
+    def run(spec_info):
+        pool = _PagedKV(slots, heads_kv, dim, torch.Generator().manual_seed(3))
+        runner = SimpleNamespace(device="cpu", req_to_token_pool=SimpleNamespace(req_to_token=req_to_token),
+                                 token_to_kv_pool=pool, use_mla_backend=False,
+                                 model_config=SimpleNamespace(context_len=slots, num_attention_heads=heads))
+        backend = IntelAMXAttnBackend(runner)
+        calls = []
+        for name in ("decode_attention_fwd", "extend_attention_fwd"):
+            op = getattr(backend, name)
+            setattr(backend, name, lambda *a, _op=op, _name=name: (calls.append(_name), _op(*a))[1])
+        batch = SimpleNamespace(batch_size=bs, seq_lens=committed, forward_mode=ForwardMode.TARGET_VERIFY,
+                                spec_info=spec_info, out_cache_loc=root_slots, req_pool_indices=torch.arange(bs),
+                                encoder_lens=None)
+        backend.init_forward_metadata(batch)
+        out = backend.forward_extend(q, k, v, layer, batch)
+        assert backend.draft_decode_metadata is None
+        return out, pool, calls
+
+    width_one = dict(draft_token=torch.zeros(bs, dtype=torch.int64), custom_mask=torch.ones(bs, dtype=torch.bool),
+                     positions=committed.clone(), retrieve_index=torch.arange(bs).view(bs, 1),
+                     retrieve_next_token=torch.full((bs, 1), -1), retrieve_next_sibling=torch.full((bs, 1), -1),
+                     draft_token_num=1)
+    got, got_pool, got_calls = run(LookaheadVerifyInput(**width_one))
+    want, want_pool, want_calls = run(NgramVerifyInput(**width_one))
+    assert got_calls == ["decode_attention_fwd"] and want_calls == ["extend_attention_fwd"]
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    assert torch.equal(got_pool.k, want_pool.k) and torch.equal(got_pool.v, want_pool.v)
+    assert torch.equal(got_pool.k[root_slots], k.view(bs, heads_kv, dim))

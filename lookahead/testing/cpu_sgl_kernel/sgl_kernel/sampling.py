@@ -85,7 +85,7 @@ def tree_speculative_sampling_target_only(
                 cur = next_sibling[b][cur]
             if cur == -1:
                 break
-        accept_index[b, : len(path)] = torch.tensor(path, dtype=accept_index.dtype)
+        accept_index[b, : len(path)] = torch.tensor(path, dtype=accept_index.dtype, device=accept_index.device)
         accept_token_num[b] = len(path) - 1
 
         q = target[b, row].to(torch.float32)
@@ -99,18 +99,18 @@ def _sample_from_unnormalised(weights: torch.Tensor, coin: float, vocab: int) ->
     if rounding leaves none, the last positive entry (else ``vocab - 1``)."""
     cdf = torch.cumsum(weights, 0)
     u = coin * float(cdf[-1])
-    hit = int(torch.searchsorted(cdf, torch.tensor([u], dtype=cdf.dtype), right=True))
+    hit = int(torch.searchsorted(cdf, torch.tensor([u], dtype=cdf.dtype, device=cdf.device), right=True))
     if hit < vocab and float(weights[hit]) > 0:
         return hit
     positive = torch.nonzero(weights > 0)
     return int(positive[-1]) if positive.numel() else vocab - 1
 
 
-def _per_row(value: Union[torch.Tensor, int, float], rows: int, dtype) -> torch.Tensor:
+def _per_row(value: Union[torch.Tensor, int, float], rows: int, dtype, device=None) -> torch.Tensor:
     """A scalar or per-row parameter (int/float or tensor) as a ``[rows]`` tensor."""
     if not isinstance(value, torch.Tensor):
-        return torch.full((rows,), value, dtype=dtype)
-    flat = value.reshape(-1).to(dtype)
+        return torch.full((rows,), value, dtype=dtype, device=device)
+    flat = value.reshape(-1).to(device=device, dtype=dtype)
     return flat.expand(rows) if flat.numel() == 1 else flat
 
 
@@ -121,7 +121,7 @@ def top_k_renorm_prob(probs: torch.Tensor, top_k: Union[torch.Tensor, int]) -> t
     ties at the pivot are all kept).
     """
     rows, vocab = probs.shape
-    k = _per_row(top_k, rows, torch.int64)
+    k = _per_row(top_k, rows, torch.int64, probs.device)
     k_clamped = k.clamp(1, vocab)
     pivot = probs.sort(dim=-1, descending=True).values.gather(1, (k_clamped - 1)[:, None])
     keep = (probs >= pivot) | ((k <= 0) | (k >= vocab))[:, None]
@@ -136,7 +136,7 @@ def top_p_renorm_prob(probs: torch.Tensor, top_p: Union[torch.Tensor, float]) ->
     ``p``, so ties at the boundary are kept together; ``p >= 1`` is a no-op.
     """
     rows, _ = probs.shape
-    p = _per_row(top_p, rows, probs.dtype)
+    p = _per_row(top_p, rows, probs.dtype, probs.device)
     sorted_probs = probs.sort(dim=-1, descending=True).values
     mass_above = torch.cumsum(sorted_probs, -1) - sorted_probs
     cutoff_rank = (mass_above < p[:, None]).sum(-1, keepdim=True) - 1

@@ -44,12 +44,12 @@ def reconstruct_indices_from_tree_mask(
     if bs == 0:
         return
     mask = tree_mask.reshape(-1)[: bs * n * n].view(bs, n, n).to(torch.bool)
-    node = torch.arange(n)
+    node = torch.arange(n, device=tree_mask.device)
     anc = mask & (node[None, :] < node[:, None])  # [b, i, j]: j strict ancestor of i
 
     depth = anc.sum(-1)
     positions.view(bs, n).copy_(depth + verified_seq_len.view(bs, 1).to(torch.int64))
-    retrive_index.copy_(torch.arange(bs * n).view(bs, n))
+    retrive_index.copy_(torch.arange(bs * n, device=retrive_index.device).view(bs, n))
 
     parent = torch.where(anc, node, -1).amax(-1)  # [b, i]
     child_rows = torch.where(anc, node[:, None], n)  # [b, k, t]: k if anc[k, t]
@@ -115,11 +115,11 @@ def verify_tree_greedy_cpu(
             if cur == -1:
                 break
         writes[last] = target[last]
-        accept_index[b, : len(path)] = torch.tensor(path, dtype=accept_index.dtype)
+        accept_index[b, : len(path)] = torch.tensor(path, dtype=accept_index.dtype, device=accept_index.device)
         accept_token_num[b] = len(path) - 1
     if writes:
-        keys = torch.tensor(list(writes.keys()), dtype=torch.int64)
-        predicts[keys] = torch.tensor(list(writes.values()), dtype=predicts.dtype)
+        keys = torch.tensor(list(writes.keys()), dtype=torch.int64, device=predicts.device)
+        predicts[keys] = torch.tensor(list(writes.values()), dtype=predicts.dtype, device=predicts.device)
 
 
 def fill_bonus_tokens_cpu(

@@ -1,0 +1,5 @@
+"""``sgl_kernel.scalar_type``: only the name is bound at import time."""
+
+
+class ScalarType:
+    pass

@@ -28,6 +28,13 @@ What only a GPU can show, on the user's own model:
    draft steps under CUDA graphs. Then bench_serving for EAGLE and the hybrid
    with the hybrid's steps by draft source and EAGLE steps skipped.
 
+``--configs`` picks the configurations (each checked against its own
+plain reference, so two runs with disjoint ``--configs`` can share a GPU
+side by side); plain decoding with overlap runs the matrix as a control,
+whose differences are shown but not counted (overlap itself changes
+penalties). A configuration whose server fails is reported and the next
+one still runs.
+
 Prints a report; exits 1 when an answer differs from plain decoding or a
 step ran on a path the design does not intend (a fallback step wider than
 one token, or eager steps where graphs were captured).
@@ -58,6 +65,9 @@ def log(*args) -> None:
     print(time.strftime("[%H:%M:%S]"), *args, flush=True)
 
 
+CONFIG_NAMES = ["lookahead", "lookahead-1b", "plain", "ngram", "lookahead-auto"]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model-path", required=True)
@@ -70,14 +80,18 @@ def main(argv=None) -> int:
     ap.add_argument("--draft-model-path", help="an EAGLE head for --model-path: also check LOOKAHEAD + EAGLE")
     ap.add_argument("--eagle-algorithm", default="EAGLE", choices=["EAGLE", "EAGLE3"])
     ap.add_argument("--hybrid-only", action="store_true", help="skip the LOOKAHEAD-only servers")
+    ap.add_argument("--server-timeout", type=float, default=900, help="seconds a server may take to come up")
+    ap.add_argument("--configs", nargs="+", choices=CONFIG_NAMES, default=CONFIG_NAMES,
+                    help="the configurations to check against the plain reference (default: all)")
     args = ap.parse_args(argv)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model, env = args.model_path, dict(os.environ)
     base = ["--max-running-requests", "16", "--chunked-prefill-size", "1024", *args.extra_server_args.split()]
     width = ["--speculative-num-draft-tokens", str(args.num_draft_tokens)]
+    graphs = not {"--disable-cuda-graph", "cpu"} & set(base)  # steps off graphs are then intended
     dataset = out / "local_sharegpt.json"
-    bench.build_dataset(dataset, max(8, args.prompts_per_concurrency * max(args.concurrency)))
+    dataset.write_text(json.dumps(bench.build_dataset(max(8, args.prompts_per_concurrency * max(args.concurrency)))))
     failures, rows = [], []
 
     def run_bench(name, server):
@@ -97,7 +111,7 @@ def main(argv=None) -> int:
 
     def serve(name, flags):
         log(f"starting {name}")
-        return SGLangServer(model, base + flags, env, out / f"server_{name}.log").start(timeout=900)
+        return SGLangServer(model, base + flags, env, out / f"server_{name}.log").start(timeout=args.server_timeout)
 
     server = serve("plain-sync", ["--disable-overlap-schedule"])
     try:
@@ -112,51 +126,73 @@ def main(argv=None) -> int:
     if args.hybrid_only:
         return report(rows, failures, out)
 
-    for name, flags in (("lookahead", width), ("lookahead-1b", width + ["--speculative-one-branch"])):
-        server = serve(name, ["--speculative-algorithm", "LOOKAHEAD", "--enable-metrics", *flags])
+    def check_matrix(name, server, control=False):
+        results = fm.run_matrix(server.url, cases, model)
+        for case in fm.COMPARED:
+            diffs = fm.differences(reference[case], results[case], f"{name}:{case}")
+            log(f"{name:13s} {case:28s} {'identical' if not diffs else 'DIFFERS'}"
+                f"{' (control: not checked)' if diffs and control else ''}")
+            if not control:
+                failures.extend(diffs[:3])
+        for check in ("regex_sampled_valid", "radix_cache_hit"):
+            if not results[check]:
+                failures.append(f"{name}: {check} is false")
+        if results["stream"]["text"] != results["stream"]["whole"]:
+            failures.append(f"{name}: the stream does not reassemble to the answer")
+        if not results["abort"]["healthy"]:
+            failures.append(f"{name}: the server stopped serving after an abort")
+        if not name.startswith("lookahead"):
+            return
+        steps = bench.lookahead_steps(server.url)
+        log(f"{name} matrix steps by path/reason: {steps}")
+        wide_single = {k: v for k, v in steps.items() if k.startswith("verify-") and
+                       k.split("/")[1] in ("fallback", "does_not_pay", "too_large", "no_draft")}
+        if any(wide_single.values()):
+            failures.append(f"{name}: steps that speculated nothing verified more than one token: {steps}")
+
+    lookahead = ["--speculative-algorithm", "LOOKAHEAD", "--enable-metrics", *width]
+    configs = [  # (name, flags, feature matrix, bench_serving)
+        ("lookahead", lookahead, True, True),
+        ("lookahead-1b", lookahead + ["--speculative-one-branch"], True, False),
+        # The control: plain decoding with overlap scheduling differs from the
+        # reference where overlap itself changes answers (penalties).
+        ("plain", [], "control", True),
+        ("ngram", ["--speculative-algorithm", "NGRAM", *width], False, True),
+        ("lookahead-auto", lookahead + ["--speculative-lookahead-max-batch-size", "auto"], False, True),
+    ]
+    for name, flags, matrix, speed in configs:
+        if name not in args.configs:
+            continue
+        # One configuration failing (a server that does not come up, an
+        # error mid-run) is reported; the others still run.
         try:
-            results = fm.run_matrix(server.url, cases, model)
-            for case in fm.COMPARED:
-                diffs = fm.differences(reference[case], results[case], f"{name}:{case}")
-                log(f"{name:13s} {case:28s} {'identical' if not diffs else 'DIFFERS'}")
-                failures += diffs[:3]
-            for check in ("regex_sampled_valid", "radix_cache_hit"):
-                if not results[check]:
-                    failures.append(f"{name}: {check} is false")
-            if results["stream"]["text"] != results["stream"]["whole"]:
-                failures.append(f"{name}: the stream does not reassemble to the answer")
-            if not results["abort"]["healthy"]:
-                failures.append(f"{name}: the server stopped serving after an abort")
-            steps = bench.lookahead_steps(server.url)
-            log(f"{name} matrix steps by path/reason: {steps}")
-            wide_single = {k: v for k, v in steps.items() if k.startswith("verify-") and
-                           k.split("/")[1] in ("fallback", "does_not_pay", "too_large", "no_draft")}
-            if any(wide_single.values()):
-                failures.append(f"{name}: steps that speculated nothing verified more than one token: {steps}")
-            if name == "lookahead":
+            server = serve(name, flags)
+        except Exception as exc:  # noqa: BLE001 - reported, then the next configuration
+            failures.append(f"{name}: the server did not come up: {str(exc)[-3000:]}")
+            log(failures[-1])
+            continue
+        try:
+            if matrix:
+                check_matrix(name, server, control=matrix == "control")
+            if speed:
                 run_bench(name, server)
+        except Exception as exc:  # noqa: BLE001
+            failures.append(f"{name}: {type(exc).__name__}: {exc}")
+            log(failures[-1])
+            log(server.log_tail(4000))
         finally:
             server.stop()
 
-    for name, flags in (("plain", []), ("ngram", ["--speculative-algorithm", "NGRAM", *width]),
-                        ("lookahead-auto", ["--speculative-algorithm", "LOOKAHEAD", "--enable-metrics", *width,
-                                            "--speculative-lookahead-max-batch-size", "auto"])):
-        server = serve(name, flags)
-        try:
-            run_bench(name, server)
-        finally:
-            server.stop()
-
-    return report(rows, failures, out)
+    return report(rows, failures, out, graphs)
 
 
-def report(rows, failures, out=Path("artifacts/gpu_check")) -> int:
+def report(rows, failures, out=Path("artifacts/gpu_check"), graphs=True) -> int:
     print()
     print(bench.markdown(rows, "cuda"))
     (out / "gpu_check.json").write_text(json.dumps({"bench": rows, "failures": failures}, indent=1))
     for row in rows:
         eager = sum(v for k, v in row["steps"].items() if "-eager/" in k)
-        if row["config"].startswith("lookahead") and eager:
+        if graphs and row["config"].startswith("lookahead") and eager:
             failures.append(f"{row['config']} c={row['concurrency']}: {eager} eager steps where graphs were captured")
     print()
     if failures:

@@ -1,0 +1,36 @@
+"""``scripts/gpu_check.py``, the user's validation script for a CUDA machine,
+run end to end on the CPU engine, so that its plumbing (the dataset, the
+servers, the feature matrix against the plain reference, bench_serving and
+the path counters, the report) cannot rot unseen between GPU runs: it once
+failed at its first line on the only GPU it met. What only a GPU proves is
+in ``scripts/gpu_check.sh``; this checks the script that proves it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from lookahead.testing.cpu_env import cpu_env, cpu_server_args
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_gpu_check_runs_its_lookahead_configuration_on_cpu(tiny_model, tmp_path):
+    out = tmp_path / "gpu_check"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "gpu_check.py"), "--model-path", tiny_model,
+         "--num-draft-tokens", "8", "--configs", "lookahead", "--concurrency", "1",
+         "--prompts-per-concurrency", "1", "--output-len", "16", "--server-timeout", "300",
+         "--extra-server-args", " ".join(cpu_server_args()), "--out-dir", str(out)],
+        env=cpu_env(), capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert "PASSED: every answer identical to plain decoding" in proc.stdout
+    report = json.loads((out / "gpu_check.json").read_text())
+    assert report["failures"] == []
+    (row,) = report["bench"]
+    assert row["config"] == "lookahead" and row["concurrency"] == 1 and row["median_tpot_ms"] > 0
+    assert row["steps"].get("verify-eager/verify", 0) > 0, row["steps"]  # LOOKAHEAD's steps were read
+    compared = [line for line in proc.stdout.splitlines() if line.split()[1:2] == ["lookahead"]]
+    assert sum("identical" in line for line in compared) >= 20, compared

@@ -50,6 +50,11 @@ export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=
 # sglang's Rust radix-tree core is built against torch 2.14; with another torch
 # it reads dtypes wrong ("insert value must be an int64 tensor, got QInt8").
 export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python
+# Full-precision float32 dots in Triton (its default on Hopper is TF32): the
+# tiny model runs in float32, and TF32 rounding would differ between the
+# extend (verify) and decode attention kernels, flipping greedy near-ties of a
+# random model that plain and speculative decoding should resolve alike.
+export TRITON_F32_DEFAULT=ieee
 python3 -m pip check 2>&1 | grep -v -i "torch\|nvidia\|cuda\|flash\|sglang-kernel\|kernels\|tilelang\|quack\|deep\|cutlass\|mathdx\|nvshmem\|humming\|mistral\|modelscope\|timm\|outlines\|easydict\|py-spy\|tml-renderers\|smg-grpc\|torchcodec\|torchaudio\|torch-memory" | head -20
 SERVER_ARGS="--attention-backend triton --sampling-backend pytorch --dtype float32 --mem-fraction-static 0.2"
 check() {  # $1: seconds, $2: name, $3: extra server flags, then gpu_check's --configs

@@ -22,11 +22,9 @@ Any other ``sitecustomize`` on ``sys.path`` still runs afterwards.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import os
-import sys
+
+from lookahead.testing import import_patching
 
 
 def _patch_tree(module):
@@ -64,48 +62,7 @@ _PATCHES = {
 }
 
 
-class _PatchingFinder(importlib.abc.MetaPathFinder):
-    lookahead_bare_gpu = True
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname not in _PATCHES:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None and spec.loader is not None:
-                spec.loader = _PatchingLoader(spec.loader)
-                return spec
-        return None
-
-
-class _PatchingLoader(importlib.abc.Loader):
-    def __init__(self, inner):
-        self._inner = inner
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
-
-    def create_module(self, spec):
-        return self._inner.create_module(spec)
-
-    def exec_module(self, module):
-        self._inner.exec_module(module)
-        _PATCHES[module.__name__](module)
-
-
-def _chain_next_sitecustomize() -> None:
-    here = os.path.dirname(os.path.realpath(__file__))
-    rest = [p for p in sys.path if os.path.realpath(p or ".") != here]
-    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
-    if spec is not None and spec.loader is not None:
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-
-
 if __name__ == "sitecustomize":
-    if os.environ.get("LOOKAHEAD_BARE_GPU") == "1" and not any(
-            getattr(f, "lookahead_bare_gpu", False) for f in sys.meta_path):
-        sys.meta_path.insert(0, _PatchingFinder())
-    _chain_next_sitecustomize()
+    if os.environ.get("LOOKAHEAD_BARE_GPU") == "1":
+        import_patching.install(_PATCHES, "lookahead_bare_gpu")
+    import_patching.chain_next_sitecustomize(os.path.dirname(__file__))

@@ -25,16 +25,15 @@ exercise the overlap path of LOOKAHEAD + EAGLE set this variable.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import os
-import sys
+
+from lookahead.testing import import_patching
 
 _TARGET = "sglang.srt.utils.common"
 _ENV = "LOOKAHEAD_CPU_FORCE_AMX"
 _GATHER_TARGET = "sglang.kernels.ops.speculative.gather_spec_extras"
 _GATHER_ENV = "LOOKAHEAD_CPU_TORCH_SPEC_GATHER"
+_MARKER = "lookahead_force_amx"
 
 
 def _torch_gather_spec_extras(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf):
@@ -44,73 +43,24 @@ def _torch_gather_spec_extras(indices, topk_p_buf, topk_index_buf, output_tokens
     return topk_p_buf[idx], topk_index_buf[idx], output_tokens_buf[idx], hidden
 
 
-def _patch(module) -> None:
-    if module.__name__ == _TARGET:
-        module.is_amx_tile_supported = True
-    elif module.__name__ == _GATHER_TARGET:
-        module.gather_spec_extras = _torch_gather_spec_extras
+def _force_amx(module) -> None:
+    module.is_amx_tile_supported = True
 
 
-class _ForceAmxFinder(importlib.abc.MetaPathFinder):
-    """Delegates the import of ``_TARGET`` and patches the module afterwards."""
-
-    lookahead_force_amx = True  # marker for idempotent install
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname not in _targets():
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None and spec.loader is not None:
-                spec.loader = _PatchingLoader(spec.loader)
-                return spec
-        return None
-
-
-class _PatchingLoader(importlib.abc.Loader):
-    """Wraps the real loader; everything but ``exec_module`` is delegated."""
-
-    def __init__(self, inner):
-        self._inner = inner
-
-    def __getattr__(self, name):  # get_source, get_filename, is_package, ...
-        return getattr(self._inner, name)
-
-    def create_module(self, spec):
-        return self._inner.create_module(spec)
-
-    def exec_module(self, module):
-        self._inner.exec_module(module)
-        _patch(module)
-
-
-def _targets() -> tuple:
-    return (_TARGET, _GATHER_TARGET) if os.environ.get(_GATHER_ENV) == "1" else (_TARGET,)
+def _torch_gather(module) -> None:
+    module.gather_spec_extras = _torch_gather_spec_extras
 
 
 def install() -> bool:
     """Install the hook in this process (idempotent). Returns False when
     ``_TARGET`` was already imported, i.e. too late to be consistent."""
-    if any(getattr(f, "lookahead_force_amx", False) for f in sys.meta_path):
-        return True
-    if _TARGET in sys.modules:
-        return False
-    sys.meta_path.insert(0, _ForceAmxFinder())
-    return True
-
-
-def _chain_next_sitecustomize() -> None:
-    here = os.path.dirname(os.path.realpath(__file__))
-    rest = [p for p in sys.path if os.path.realpath(p or ".") != here]
-    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
-    if spec is not None and spec.loader is not None:
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+    patches = {_TARGET: _force_amx}
+    if os.environ.get(_GATHER_ENV) == "1":
+        patches[_GATHER_TARGET] = _torch_gather
+    return import_patching.install(patches, _MARKER)
 
 
 if __name__ == "sitecustomize":
     if os.environ.get(_ENV) == "1":
         install()
-    _chain_next_sitecustomize()
+    import_patching.chain_next_sitecustomize(os.path.dirname(__file__))

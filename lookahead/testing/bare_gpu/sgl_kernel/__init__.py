@@ -5,7 +5,8 @@ sglang-kernel nor flashinfer is installed (our lent machine reaches no
 package registry and has no wheel of either for its torch). With
 ``SGLANG_FORCE_FUSED_OP_BACKEND=torch`` SGLang's own layers run their
 ``forward_native``, so very little of this package is ever called: RMSNorm
-and the activations below, ``is_arch_support_pdl`` and ``weak_ref_tensor``.
+and the activations below (the CPU stand-in's torch bodies under the CUDA
+signatures), ``is_arch_support_pdl`` and ``weak_ref_tensor``.
 Everything else a module binds at import time is a stub that raises when
 called, so a path this stand-in does not cover fails loudly, never silently.
 Names SGLang probes for inside ``try`` (capability checks) are left out, so
@@ -17,7 +18,15 @@ SGLang take its AMX CPU branches on an AMX host.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+from lookahead_bare_gpu_ops import (  # the renormalisations are re-exported as they are
+    fused_add_rmsnorm_cpu,
+    gelu_and_mul_cpu,
+    gelu_tanh_and_mul_cpu,
+    rmsnorm_cpu,
+    silu_and_mul_cpu,
+    top_k_renorm_prob,
+    top_p_renorm_prob,
+)
 
 from . import flash_attn, kvcacheio, quantization, scalar_type, speculative, utils  # noqa: F401 - submodules SGLang imports from
 from ._stubs import stub
@@ -26,23 +35,22 @@ __version__ = "0.0.0+bare-gpu"
 IS_BARE_GPU_STANDIN = True
 
 
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
-
-
-def rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None):
-    result = _rms(input, weight, eps)
+# The CUDA kernels' signatures around the CPU stand-in's torch bodies, which
+# compute in float32 on the inputs' device.
+def _into(out, result):
     if out is None:
         return result
     out.copy_(result)
     return out
 
 
+def rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None):
+    return _into(out, rmsnorm_cpu(input, weight, eps))
+
+
 def fused_add_rmsnorm(input, residual, weight, eps=1e-6, enable_pdl=None):
     """In place on both, as the CUDA kernel: residual += input; input = rms(residual)."""
-    residual.copy_((residual.float() + input.float()).to(residual.dtype))
-    input.copy_(_rms(residual, weight, eps))
+    fused_add_rmsnorm_cpu(input, residual, weight, eps)
 
 
 def gemma_rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None):
@@ -53,25 +61,16 @@ def gemma_fused_add_rmsnorm(input, residual, weight, eps=1e-6, enable_pdl=None):
     fused_add_rmsnorm(input, residual, weight + 1.0, eps)
 
 
-def _act_and_mul(act, input, out):
-    d = input.shape[-1] // 2
-    result = act(input[..., :d]) * input[..., d:]
-    if out is None:
-        return result
-    out.copy_(result)
-    return out
-
-
 def silu_and_mul(input, out=None, enable_pdl=None):
-    return _act_and_mul(F.silu, input, out)
+    return _into(out, silu_and_mul_cpu(input))
 
 
 def gelu_and_mul(input, out=None, enable_pdl=None):
-    return _act_and_mul(F.gelu, input, out)
+    return _into(out, gelu_and_mul_cpu(input))
 
 
 def gelu_tanh_and_mul(input, out=None, enable_pdl=None):
-    return _act_and_mul(lambda x: F.gelu(x, approximate="tanh"), input, out)
+    return _into(out, gelu_tanh_and_mul_cpu(input))
 
 
 def weak_ref_tensor(tensor):
@@ -100,7 +99,7 @@ _STUBBED = [
     "load_cache_to_device_buffer_dsv4_mla", "load_cache_to_device_buffer_mla", "max_pooling_1d_varlen",
     "merge_state_v2", "min_p_sampling_from_probs", "moe_sum", "moe_sum_reduce", "plan_compress_decode",
     "plan_compress_decode_legacy", "plan_compress_prefill", "plan_compress_prefill_legacy", "rotate_input_ids_cpu",
-    "sgl_per_tensor_quant_fp8", "sgl_per_token_quant_fp8", "shuffle_rows", "store_cache_xpu", "top_k_renorm_prob",
-    "top_k_top_p_sampling_from_probs", "top_p_renorm_prob", "topk_sigmoid", "topk_softmax", "verify_tree_greedy_cpu",
+    "sgl_per_tensor_quant_fp8", "sgl_per_token_quant_fp8", "shuffle_rows", "store_cache_xpu",
+    "top_k_top_p_sampling_from_probs", "topk_sigmoid", "topk_softmax", "verify_tree_greedy_cpu",
 ]
 globals().update({name: stub(f"sgl_kernel.{name}") for name in _STUBBED})

@@ -17,22 +17,16 @@ SGLang take its AMX CPU branches on an AMX host.
 
 from __future__ import annotations
 
+import lookahead_bare_gpu_ops as torch_ops
 import torch
-from lookahead_bare_gpu_ops import (  # the renormalisations are re-exported as they are
-    fused_add_rmsnorm_cpu,
-    gelu_and_mul_cpu,
-    gelu_tanh_and_mul_cpu,
-    rmsnorm_cpu,
-    silu_and_mul_cpu,
-    top_k_renorm_prob,
-    top_p_renorm_prob,
-)
 
 from . import flash_attn, kvcacheio, quantization, scalar_type, speculative, utils  # noqa: F401 - submodules SGLang imports from
 from ._stubs import stub
 
 __version__ = "0.0.0+bare-gpu"
 IS_BARE_GPU_STANDIN = True
+top_k_renorm_prob = torch_ops.top_k_renorm_prob
+top_p_renorm_prob = torch_ops.top_p_renorm_prob
 
 
 # The CUDA kernels' signatures around the CPU stand-in's torch bodies, which
@@ -45,12 +39,12 @@ def _into(out, result):
 
 
 def rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None):
-    return _into(out, rmsnorm_cpu(input, weight, eps))
+    return _into(out, torch_ops.rmsnorm_cpu(input, weight, eps))
 
 
 def fused_add_rmsnorm(input, residual, weight, eps=1e-6, enable_pdl=None):
     """In place on both, as the CUDA kernel: residual += input; input = rms(residual)."""
-    fused_add_rmsnorm_cpu(input, residual, weight, eps)
+    torch_ops.fused_add_rmsnorm_cpu(input, residual, weight, eps)
 
 
 def gemma_rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None):
@@ -62,15 +56,15 @@ def gemma_fused_add_rmsnorm(input, residual, weight, eps=1e-6, enable_pdl=None):
 
 
 def silu_and_mul(input, out=None, enable_pdl=None):
-    return _into(out, silu_and_mul_cpu(input))
+    return _into(out, torch_ops.silu_and_mul_cpu(input))
 
 
 def gelu_and_mul(input, out=None, enable_pdl=None):
-    return _into(out, gelu_and_mul_cpu(input))
+    return _into(out, torch_ops.gelu_and_mul_cpu(input))
 
 
 def gelu_tanh_and_mul(input, out=None, enable_pdl=None):
-    return _into(out, gelu_tanh_and_mul_cpu(input))
+    return _into(out, torch_ops.gelu_tanh_and_mul_cpu(input))
 
 
 def weak_ref_tensor(tensor):

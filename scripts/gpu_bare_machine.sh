@@ -13,8 +13,8 @@
 # Kernels that SGLang would take from sglang-kernel, flashinfer or its own
 # JIT builds come from lookahead/testing/bare_gpu (pure torch; see its
 # sitecustomize.py); attention is SGLang's Triton backend. Output: $OUT (or
-# artifacts/bare_gpu): run.log, gpu_check_{a,b}.log and .json, and logs.tgz
-# with every server's log.
+# artifacts/bare_gpu): run.log, pip.log, build.log, gpu_check_{a,b,c}.log, and
+# logs.tgz with every server's log and each part's gpu_check.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=$(mkdir -p "${OUT:-artifacts/bare_gpu}" && cd "${OUT:-artifacts/bare_gpu}" && pwd)
@@ -56,7 +56,8 @@ export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python
 # random model that plain and speculative decoding should resolve alike.
 export TRITON_F32_DEFAULT=ieee
 python3 -m pip check 2>&1 | grep -v -i "torch\|nvidia\|cuda\|flash\|sglang-kernel\|kernels\|tilelang\|quack\|deep\|cutlass\|mathdx\|nvshmem\|humming\|mistral\|modelscope\|timm\|outlines\|easydict\|py-spy\|tml-renderers\|smg-grpc\|torchcodec\|torchaudio\|torch-memory" | head -20
-SERVER_ARGS="--attention-backend triton --sampling-backend pytorch --dtype float32 --mem-fraction-static 0.2"
+# A small KV pool: three servers share the GPU at a time.
+SERVER_ARGS="--attention-backend triton --sampling-backend pytorch --dtype float32 --mem-fraction-static 0.15 --max-total-tokens 262144"
 check() {  # $1: seconds, $2: name, $3: extra server flags, then gpu_check's --configs
   local budget=$1 name=$2 extra=$3; shift 3
   stamp "gpu_check $name on the tiny model (${budget} s at most): $*"
@@ -64,24 +65,24 @@ check() {  # $1: seconds, $2: name, $3: extra server flags, then gpu_check's --c
     --concurrency 1 4 16 --prompts-per-concurrency 2 --output-len 64 --server-timeout 180 \
     --extra-server-args "$SERVER_ARGS $extra" --out-dir "/tmp/$name" --configs "$@" > "$OUT/$name.log" 2>&1
   stamp "gpu_check $name rc=$?"
-  cp "/tmp/$name/gpu_check.json" "$OUT/$name.json" 2>/dev/null
 }
 snapshot() {  # the servers' logs, refreshed while the checks run: a call cut off still returns them
-  tar czf "$OUT/.logs.tgz" -C /tmp gpu_check_a gpu_check_b -C "$OUT" pip.log build.log 2>/dev/null
+  tar czf "$OUT/.logs.tgz" -C /tmp gpu_check_a gpu_check_b gpu_check_c 2>/dev/null
   mv -f "$OUT/.logs.tgz" "$OUT/logs.tgz"
 }
-# Two halves side by side, each with its own plain reference: a server takes
-# 40-60 s to come up there (imports and tokenizer start-up, on the CPU), so
-# one after another the six would not fit a 15-minute lease.
+# Three parts side by side, the first two with their own plain reference
+# (the third only benchmarks): a server takes 40-60 s to come up there
+# (imports and tokenizer start-up, on the CPU), so one after another the six
+# would not fit a 15-minute lease.
 left=$(( BUDGET - ($(date +%s) - t0) ))
 check "$left" gpu_check_a "${EXTRA_SERVER_ARGS:-}" lookahead lookahead-1b & a=$!
-check "$left" gpu_check_b "${EXTRA_SERVER_ARGS:-}" plain ngram lookahead-auto & b=$!
+check "$left" gpu_check_b "${EXTRA_SERVER_ARGS:-}" plain & b=$!
+check "$left" gpu_check_c "${EXTRA_SERVER_ARGS:-}" ngram lookahead-auto & c=$!
 ( while sleep 20; do snapshot; done ) & snapper=$!
-# Wait for the two checks by pid: a bare `wait` would also wait for the
-# `tee` of this script's own output, which never ends.
-wait $a $b
+# Wait for the checks by pid: a bare `wait` would also wait for the `tee` of
+# this script's own output, which never ends.
+wait $a $b $c
 kill $snapper 2>/dev/null
 snapshot
-grep -v "^\[2026" "$OUT/gpu_check_a.log" | tail -60
-grep -v "^\[2026" "$OUT/gpu_check_b.log" | tail -40
+for part in a b c; do grep -v "^\[20[0-9][0-9]-" "$OUT/gpu_check_$part.log" | tail -40; done
 stamp done

@@ -113,13 +113,27 @@ def main(argv=None) -> int:
         log(f"starting {name}")
         return SGLangServer(model, base + flags, env, out / f"server_{name}.log").start(timeout=args.server_timeout)
 
-    server = serve("plain-sync", ["--disable-overlap-schedule"])
-    try:
-        probe = fm.post(server.url + "/generate", fm._gen(fm.PROMPTS[0], max_new_tokens=48, ignore_eos=True))
-        cases = fm.build_cases(probe["output_ids"])
-        reference = fm.run_matrix(server.url, cases, model)
-    finally:
-        server.stop()
+    lookahead = ["--speculative-algorithm", "LOOKAHEAD", "--enable-metrics", *width]
+    configs = [  # (name, flags, feature matrix, bench_serving)
+        ("lookahead", lookahead, True, True),
+        ("lookahead-1b", lookahead + ["--speculative-one-branch"], True, False),
+        # The control: plain decoding with overlap scheduling differs from the
+        # reference where overlap itself changes answers (penalties).
+        ("plain", [], "control", True),
+        ("ngram", ["--speculative-algorithm", "NGRAM", *width], False, True),
+        ("lookahead-auto", lookahead + ["--speculative-lookahead-max-batch-size", "auto"], False, True),
+    ]
+    # The plain reference, unless nothing selected is compared with it
+    # (bench-only configurations).
+    cases = reference = None
+    if args.draft_model_path or any(matrix for name, _, matrix, _ in configs if name in args.configs):
+        server = serve("plain-sync", ["--disable-overlap-schedule"])
+        try:
+            probe = fm.post(server.url + "/generate", fm._gen(fm.PROMPTS[0], max_new_tokens=48, ignore_eos=True))
+            cases = fm.build_cases(probe["output_ids"])
+            reference = fm.run_matrix(server.url, cases, model)
+        finally:
+            server.stop()
 
     if args.draft_model_path:
         failures += hybrid_checks(args, cases, reference, serve, run_bench)
@@ -150,16 +164,6 @@ def main(argv=None) -> int:
         if any(wide_single.values()):
             failures.append(f"{name}: steps that speculated nothing verified more than one token: {steps}")
 
-    lookahead = ["--speculative-algorithm", "LOOKAHEAD", "--enable-metrics", *width]
-    configs = [  # (name, flags, feature matrix, bench_serving)
-        ("lookahead", lookahead, True, True),
-        ("lookahead-1b", lookahead + ["--speculative-one-branch"], True, False),
-        # The control: plain decoding with overlap scheduling differs from the
-        # reference where overlap itself changes answers (penalties).
-        ("plain", [], "control", True),
-        ("ngram", ["--speculative-algorithm", "NGRAM", *width], False, True),
-        ("lookahead-auto", lookahead + ["--speculative-lookahead-max-batch-size", "auto"], False, True),
-    ]
     for name, flags, matrix, speed in configs:
         if name not in args.configs:
             continue

@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     ap.add_argument("--hybrid-only", action="store_true", help="skip the LOOKAHEAD-only servers")
     ap.add_argument("--server-timeout", type=float, default=900, help="seconds a server may take to come up")
     ap.add_argument("--configs", nargs="+", choices=CONFIG_NAMES, default=CONFIG_NAMES,
-                    help="the configurations to check against the plain reference (default: all)")
+                    help="the configurations to run (default: all); the plain reference starts only if one is compared with it")
     args = ap.parse_args(argv)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)

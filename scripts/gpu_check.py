@@ -129,9 +129,7 @@ def main(argv=None) -> int:
     if args.draft_model_path or any(matrix for name, _, matrix, _ in configs if name in args.configs):
         server = serve("plain-sync", ["--disable-overlap-schedule"])
         try:
-            probe = fm.post(server.url + "/generate", fm._gen(fm.PROMPTS[0], max_new_tokens=48, ignore_eos=True))
-            cases = fm.build_cases(probe["output_ids"])
-            reference = fm.run_matrix(server.url, cases, model)
+            cases, reference = fm.reference(server.url, model)
         finally:
             server.stop()
 

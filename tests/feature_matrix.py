@@ -152,6 +152,14 @@ def long_prompt(n_lines: int = 120) -> str:
     return "".join(f"value_{i} = compute({i}, {i * 7 % 13})\n" for i in range(n_lines))
 
 
+def reference(url: str, model: str) -> tuple[dict, dict]:
+    """The cases, built from a probe of this (plain) server's own greedy
+    output, and its answers to them: what every other server is compared with."""
+    probe = post(url + "/generate", _gen(PROMPTS[0], max_new_tokens=48, ignore_eos=True))
+    cases = build_cases(probe["output_ids"])
+    return cases, run_matrix(url, cases, model)
+
+
 def run_matrix(url: str, cases: dict, model: str) -> dict:
     """Send every case to the server at ``url``; returns case name -> answers."""
     results = {name: _generate_case(url, payloads) for name, payloads in cases.items()}

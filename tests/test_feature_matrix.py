@@ -42,9 +42,7 @@ def plain(tiny_model, cpu_subprocess_env, tmp_path_factory):
     log = tmp_path_factory.mktemp("matrix") / "plain.log"
     srv = _start(tiny_model, cpu_server_args(**BASE, disable_overlap_schedule=True), cpu_subprocess_env, log)
     try:
-        probe = fm.post(srv.url + "/generate", fm._gen(fm.PROMPTS[0], max_new_tokens=48, ignore_eos=True))
-        cases = fm.build_cases(probe["output_ids"])
-        results = fm.run_matrix(srv.url, cases, tiny_model)
+        cases, results = fm.reference(srv.url, tiny_model)
     finally:
         srv.stop()
     return {"cases": cases, "results": results}

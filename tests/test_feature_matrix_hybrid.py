@@ -55,9 +55,7 @@ def plain(fixture_models, cpu_subprocess_env, tmp_path_factory):
     srv = _start(fixture_models["target"], cpu_server_args(**BASE, disable_overlap_schedule=True),
                  cpu_subprocess_env, log)
     try:
-        probe = fm.post(srv.url + "/generate", fm._gen(fm.PROMPTS[0], max_new_tokens=48, ignore_eos=True))
-        cases = fm.build_cases(probe["output_ids"])
-        results = fm.run_matrix(srv.url, cases, fixture_models["target"])
+        cases, results = fm.reference(srv.url, fixture_models["target"])
     finally:
         srv.stop()
     return {"cases": cases, "results": results}

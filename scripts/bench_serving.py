@@ -20,7 +20,9 @@ cores, and two compute threads per scheduler made two servers of the same
 configuration differ by 9-13 % in TPOT, run after run (one thread: 2 %).
 The prompts are built from text that installed PyPI packages ship (sglang's
 and numpy's sources and README): code edits, questions over pasted
-documents and chat, each numbered so that no two are alike.
+documents and chat, each numbered so that no two are alike, and sent through
+the model's chat template (``--apply-chat-template``). The default model is
+the tiny copier, which answers them by copying what it was given.
 
 Prints a markdown table of median TPOT, output tokens/s and accept length
 with ratios to plain decoding in the same scheduling mode (speculative
@@ -28,7 +30,7 @@ servers run without overlap on CPU, as SGLang decides there), the steps by
 path, and writes it with a JSON file and, when matplotlib is installed, a
 PNG plot of TPOT against concurrency.
 
-    python scripts/bench_serving.py                      # tiny local model on CPU
+    python scripts/bench_serving.py                      # the tiny copier on CPU
     python scripts/bench_serving.py --model-path M --device cuda
 """
 
@@ -90,7 +92,7 @@ def build_dataset(n: int, seed: int = 0) -> list[dict]:
         if kind == 0 and functions:
             code = rng.choice(functions)
             rows.append(("Rename the first argument of this function to `value` and return the whole "
-                         "function:\n\n" + code, code))
+                         "function:\n\n```python\n" + code + "\n```", code))
         elif kind == 1 and paragraphs:
             doc = "\n\n".join(rng.sample(paragraphs, min(3, len(paragraphs))))
             rows.append(("Here is a document:\n\n" + doc + "\n\nQuote the sentence about performance.",
@@ -109,7 +111,7 @@ def run_bench(url: str, model: str, dataset: Path, concurrency: int, num_prompts
            "--model", model, "--tokenizer", model, "--dataset-name", "sharegpt", "--dataset-path", str(dataset),
            "--num-prompts", str(num_prompts), "--sharegpt-output-len", str(output_len),
            "--max-concurrency", str(concurrency), "--request-rate", "inf", "--seed", "1",
-           "--output-file", str(out_file), "--disable-tqdm"]
+           "--output-file", str(out_file), "--disable-tqdm", "--apply-chat-template"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"bench_serving failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
@@ -189,7 +191,7 @@ def plot(results: list[dict], path: Path) -> bool:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model-path", default=None, help="default: the tiny local model (built if absent)")
+    ap.add_argument("--model-path", default=None, help="default: the tiny copier (lookahead/testing/tiny_copier)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), help=f"subset of {','.join(CONFIGS)}")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
@@ -207,18 +209,14 @@ def main(argv=None) -> int:
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.device == "cpu":
-        from lookahead.testing.cpu_env import cpu_env, cpu_server_args, default_cache_dir
+        from lookahead.testing.cpu_env import cpu_env, cpu_server_args
 
         env = cpu_env()
         env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(REPO)])
         env.setdefault("SGLANG_CPU_OMP_THREADS_BIND", "0")  # one compute thread per scheduler
         base_args = cpu_server_args(max_running_requests=max(args.concurrency),
                                     max_total_tokens=max(32768, 2048 * max(args.concurrency)))
-        model = args.model_path
-        if model is None:
-            from lookahead.testing.tiny_model import build_tiny_model
-
-            model = str(build_tiny_model(default_cache_dir() / "tiny-llama-seed0", seed=0))
+        model = args.model_path or str(REPO / "lookahead" / "testing" / "tiny_copier")
     else:
         if not args.model_path:
             ap.error("--device cuda needs --model-path")

@@ -58,18 +58,14 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 import copier_tasks as tasks  # noqa: E402
 
+sys.path.insert(0, str(REPO))
+from lookahead.testing.tiny_model import CHAT_TEMPLATE  # noqa: E402  (the same role tags)
+
 SEED = 0
 VOCAB_SIZE = 4096
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|system|>", tasks.USER, tasks.ASSISTANT, tasks.END]
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 ASSISTANT_ID, END_ID = 5, 6
-CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% for message in messages %}"
-    "<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-)
 
 HIDDEN = 384
 HEADS, KV_HEADS, HEAD_DIM = 4, 2, 256

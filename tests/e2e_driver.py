@@ -24,6 +24,20 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
+def run_driver(spec: dict, tmp: Path, env: dict, driver: str = "e2e_driver.py", timeout: int = 1800) -> dict:
+    """Write ``spec`` into ``tmp``, run ``tests/<driver>`` on it in a subprocess
+    with ``env``, and return the JSON it wrote; a failure shows the driver's output."""
+    import subprocess
+
+    (tmp / "spec.json").write_text(json.dumps(spec))
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tests" / driver), str(tmp / "spec.json"), str(tmp / "out.json")],
+        env=env, cwd=tmp, capture_output=True, text=True, timeout=timeout,
+    )
+    assert proc.returncode == 0, f"driver failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return json.loads((tmp / "out.json").read_text())
+
+
 def _prose() -> str:
     import textwrap
 

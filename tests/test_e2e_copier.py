@@ -15,9 +15,7 @@ once; the tests read its results.
 from __future__ import annotations
 
 import difflib
-import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -27,6 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
 import copier_tasks as tasks  # noqa: E402
+from e2e_driver import run_driver  # noqa: E402
 
 COPIER = str(REPO / "lookahead" / "testing" / "tiny_copier")
 GREEDY = {"temperature": 0.0, "max_new_tokens": 480}
@@ -58,14 +57,7 @@ def runs(requests, cpu_subprocess_env, tmp_path_factory):
     spec = {"model": COPIER, "prompts": [r["prompt"] for r in requests],
             "runs": [{"name": name, "engine": engine, "sampling": GREEDY, "groups": GROUPS}
                      for name, engine in configs.items()]}
-    tmp = tmp_path_factory.mktemp("copier")
-    (tmp / "spec.json").write_text(json.dumps(spec))
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "e2e_driver.py"), str(tmp / "spec.json"), str(tmp / "out.json")],
-        env=cpu_subprocess_env, cwd=tmp, capture_output=True, text=True, timeout=1800,
-    )
-    assert proc.returncode == 0, f"driver failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    return json.loads((tmp / "out.json").read_text())["runs"]
+    return run_driver(spec, tmp_path_factory.mktemp("copier"), cpu_subprocess_env)["runs"]
 
 
 def _ids(run: dict) -> list[list[int]]:

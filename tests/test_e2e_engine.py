@@ -13,16 +13,10 @@ tests below read its results.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-from e2e_driver import prompts
+from e2e_driver import prompts, run_driver
 
-REPO = Path(__file__).resolve().parents[1]
 GREEDY = {"temperature": 0.0, "max_new_tokens": 40, "ignore_eos": True}
 SAMPLED = {"temperature": 0.8, "top_p": 0.9, "max_new_tokens": 24, "ignore_eos": True}
 # Submitted group by group: batches of 1, 2, 4, 6 (fallback), 6, then 1 and 4.
@@ -69,13 +63,7 @@ def runs(tiny_model, cpu_subprocess_env, tmp_path_factory):
     for name in ("saved", "loaded"):
         spec["runs"].append({"name": name, "engine": {**_lookahead(4, False), "speculative_lookahead_path": trie},
                              "sampling": GREEDY, "groups": [[0, 1], [2]]})
-    (tmp / "spec.json").write_text(json.dumps(spec))
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "e2e_driver.py"), str(tmp / "spec.json"), str(tmp / "out.json")],
-        env=cpu_subprocess_env, cwd=tmp, capture_output=True, text=True, timeout=2400,
-    )
-    assert proc.returncode == 0, f"driver failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    result = json.loads((tmp / "out.json").read_text())
+    result = run_driver(spec, tmp, cpu_subprocess_env, timeout=2400)
     result["groups"] = groups
     result["trie_path"] = trie
     return result

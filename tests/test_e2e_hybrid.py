@@ -21,14 +21,10 @@ All engines run in one subprocess (``e2e_driver.py``); the tests read its result
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from e2e_driver import run_driver
+
 LENGTH = 64
 GREEDY = {"temperature": 0.0, "max_new_tokens": LENGTH, "ignore_eos": True}
 ENGINE = {"max_total_tokens": 16384, "max_running_requests": 8}
@@ -86,15 +82,8 @@ def runs(fixtures, cpu_subprocess_env, tmp_path_factory):
         ]
     chain = next(r for r in spec["runs"] if r["name"] == "hybrid-chain")
     spec["runs"].append({**chain, "name": "hybrid-chain-overlap", "overlap_on_cpu": True})
-    tmp = tmp_path_factory.mktemp("e2e_hybrid")
-    (tmp / "spec.json").write_text(json.dumps(spec))
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "e2e_driver.py"), str(tmp / "spec.json"), str(tmp / "out.json")],
-        env={**cpu_subprocess_env, "LOOKAHEAD_CPU_TORCH_SPEC_GATHER": "1"}, cwd=tmp, capture_output=True,
-        text=True, timeout=3600,
-    )
-    assert proc.returncode == 0, f"driver failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    result = json.loads((tmp / "out.json").read_text())
+    result = run_driver(spec, tmp_path_factory.mktemp("e2e_hybrid"),
+                        {**cpu_subprocess_env, "LOOKAHEAD_CPU_TORCH_SPEC_GATHER": "1"}, timeout=3600)
     result["groups"] = groups
     return result
 

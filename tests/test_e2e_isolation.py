@@ -19,16 +19,11 @@ engines run once, in one subprocess (``isolation_driver.py``).
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from draft_paths import drafts_with_own_streams, unexplained_paths
+from e2e_driver import run_driver
 
-REPO = Path(__file__).resolve().parents[1]
 ENGINE = {"max_total_tokens": 8192, "max_running_requests": 4}
 MODES = ("salt", "none", "request")
 GUESSERS = ("bob", "alice", "nobody")  # in the order they run; salts "bob", "alice", none
@@ -56,14 +51,7 @@ def scenario(tiny_model, cpu_subprocess_env, tmp_path_factory):
             "speculative_lookahead_isolation": mode}})
     spec = {"model": tiny_model, "text": "Question about this document: what does it return?",
             "lead": 40, "a_tokens": 96, "guess_tokens": 48, "runs": runs}
-    tmp = tmp_path_factory.mktemp("isolation")
-    (tmp / "spec.json").write_text(json.dumps(spec))
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "isolation_driver.py"), str(tmp / "spec.json"), str(tmp / "out.json")],
-        env=cpu_subprocess_env, cwd=tmp, capture_output=True, text=True, timeout=1800,
-    )
-    assert proc.returncode == 0, f"driver failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    return json.loads((tmp / "out.json").read_text())
+    return run_driver(spec, tmp_path_factory.mktemp("isolation"), cpu_subprocess_env, driver="isolation_driver.py")
 
 
 def _streams(scenario, run) -> dict:

@@ -147,6 +147,22 @@ def write_task(code: str, rng: random.Random) -> tuple[str, str] | None:
     return prompt, f"```python\n{code}\n```"
 
 
+def score_edit(request: dict, answer: str) -> dict:
+    """Lines of a rename request's expected answer that ``answer`` reproduces token for
+    token, aligned with ``difflib``: unchanged lines (the rename left them alone)
+    and renamed lines, each counted and kept."""
+    import difflib
+
+    want, have = request["expected"].splitlines(), answer.split(END)[0].rstrip().splitlines()
+    pasted = request["prompt"].split("```python\n", 1)[1].rsplit("\n```", 1)[0].splitlines()
+    changed = {i for i, (a, b) in enumerate(zip(want, ["```python"] + pasted + ["```"])) if a != b}
+    matcher = difflib.SequenceMatcher(None, want, have, autojunk=False)
+    matched = {a + k for a, _, size in matcher.get_matching_blocks() for k in range(size)}
+    return {"unchanged": len(want) - len(changed), "unchanged_kept": len(matched - changed),
+            "renamed": len(changed), "renamed_kept": len(matched & changed),
+            "missed": [want[i] for i in sorted(set(range(len(want))) - changed - matched)]}
+
+
 def held_out_requests(tokenizer, n: int, seed: int = 0, kinds=("edit",)) -> list[dict]:
     """``n`` requests on held-out code, cycling through ``kinds`` ("edit", "quote"):
     each a dict with the prompt, the expected answer and, for edits, the old name."""

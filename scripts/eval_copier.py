@@ -18,7 +18,6 @@ Two figures, on standard-library modules that training never read
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import sys
 from pathlib import Path
@@ -59,18 +58,12 @@ def evaluate(engine, tokenizer, n_edits: int) -> dict:
     outs = [engine.generate(p, {"temperature": 0, "max_new_tokens": b}) for p, b in zip(prompts, budgets)]
     unchanged = reproduced = renamed = renamed_ok = exact = 0
     for case, out in zip(cases, outs):
-        text = out["text"].split(tasks.END)[0].rstrip()
-        want, have = case["expected"].splitlines(), text.splitlines()
-        old_lines = case["prompt"].split("```python\n", 1)[1].rsplit("\n```", 1)[0].splitlines()
-        old_lines = ["```python"] + old_lines + ["```"]
-        changed = {i for i, (a, b) in enumerate(zip(want, old_lines)) if a != b}
-        matcher = difflib.SequenceMatcher(None, want, have, autojunk=False)
-        matched = {a + k for a, _, size in matcher.get_matching_blocks() for k in range(size)}
-        unchanged += len(want) - len(changed)
-        reproduced += len(matched - changed)
-        renamed += len(changed)
-        renamed_ok += len(matched & changed)
-        exact += text == case["expected"]
+        score = tasks.score_edit(case, out["text"])
+        unchanged += score["unchanged"]
+        reproduced += score["unchanged_kept"]
+        renamed += score["renamed"]
+        renamed_ok += score["renamed_kept"]
+        exact += out["text"].split(tasks.END)[0].rstrip() == case["expected"]
     open_outs = [engine.generate(tasks.chat(p), {"temperature": 0, "max_new_tokens": 128}) for p in OPEN_PROMPTS]
     looped = [loops(o["output_ids"]) for o in open_outs]
     return {

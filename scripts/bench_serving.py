@@ -209,6 +209,7 @@ def main(argv=None) -> int:
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.device == "cpu":
+        from lookahead.testing import TINY_COPIER
         from lookahead.testing.cpu_env import cpu_env, cpu_server_args
 
         env = cpu_env()
@@ -216,7 +217,7 @@ def main(argv=None) -> int:
         env.setdefault("SGLANG_CPU_OMP_THREADS_BIND", "0")  # one compute thread per scheduler
         base_args = cpu_server_args(max_running_requests=max(args.concurrency),
                                     max_total_tokens=max(32768, 2048 * max(args.concurrency)))
-        model = args.model_path or str(REPO / "lookahead" / "testing" / "tiny_copier")
+        model = args.model_path or str(TINY_COPIER)
     else:
         if not args.model_path:
             ap.error("--device cuda needs --model-path")

@@ -165,7 +165,7 @@ def score_edit(request: dict, answer: str) -> dict:
 
 def held_out_requests(tokenizer, n: int, seed: int = 0, kinds=("edit",)) -> list[dict]:
     """``n`` requests on held-out code, cycling through ``kinds`` ("edit", "quote"):
-    each a dict with the prompt, the expected answer and, for edits, the old name."""
+    each a dict with its kind, the prompt and the expected answer."""
     rng = random.Random(seed)
     renamable = single_token_name(tokenizer)
     chunks = [c for f in held_out_files() for c in code_chunks(read(f))]
@@ -176,8 +176,7 @@ def held_out_requests(tokenizer, n: int, seed: int = 0, kinds=("edit",)) -> list
         task = edit_task(chunk, rng, renamable) if kind == "edit" else quote_task(chunk, rng)
         if task is None:
             continue
-        old = re.search(r"Rename `(\w+)`", task[0])
-        made.append({"kind": kind, "prompt": task[0], "expected": task[1], "old": old and old.group(1)})
+        made.append({"kind": kind, "prompt": task[0], "expected": task[1]})
         if len(made) == n:
             break
     return made

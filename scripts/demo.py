@@ -27,7 +27,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-TINY_COPIER = REPO / "lookahead" / "testing" / "tiny_copier"
+
+from lookahead.testing import TINY_COPIER  # noqa: E402
 
 
 
@@ -152,8 +153,8 @@ def run(argv=None) -> dict:
                     if a != c:
                         at = next((k for k, (x, y) in enumerate(zip(a, c)) if x != y), min(len(a), len(c)))
                         print(f"  {name}, batch {b}, request {i}: differs from token {at}")
-    first = phases[next(iter(phases))]
-    for prompt, text in list(zip(first, plain[next(iter(phases))]["texts"]))[: args.show]:
+    first = next(iter(phases))
+    for prompt, text in list(zip(phases[first], plain[first]["texts"]))[: args.show]:
         print(f"\n--- request ---\n{prompt.strip()}\n--- answer ---\n{text}")
     return {"runs": results, "identical": identical, "lookahead": la_name}
 

@@ -27,6 +27,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
 import copier_tasks as tasks  # noqa: E402
+from lookahead.testing import TINY_COPIER  # noqa: E402
 
 OPEN_PROMPTS = [
     "Write a Python function named `parse_header` that splits a header line into a name and a value.",
@@ -84,7 +85,7 @@ def evaluate(engine, tokenizer, n_edits: int) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model-path", default=str(REPO / "lookahead" / "testing" / "tiny_copier"))
+    ap.add_argument("--model-path", default=str(TINY_COPIER))
     ap.add_argument("--edits", type=int, default=40)
     ap.add_argument("--json", default=None, help="also write the figures here")
     ap.add_argument("--show", type=int, default=1, help="print this many open answers")

@@ -59,12 +59,13 @@ sys.path.insert(0, str(REPO / "scripts"))
 import copier_tasks as tasks  # noqa: E402
 
 sys.path.insert(0, str(REPO))
+from lookahead.testing import TINY_COPIER  # noqa: E402
 from lookahead.testing.tiny_model import CHAT_TEMPLATE  # noqa: E402  (the same role tags)
 
 SEED = 0
 VOCAB_SIZE = 4096
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|system|>", tasks.USER, tasks.ASSISTANT, tasks.END]
-PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
+PAD_ID, BOS_ID = 0, 1
 ASSISTANT_ID, END_ID = 5, 6
 
 HIDDEN = 384
@@ -497,7 +498,7 @@ def export(weights: dict, tokenizer_dir: Path, out: Path) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=str(REPO / "lookahead" / "testing" / "tiny_copier"))
+    ap.add_argument("--out", default=str(TINY_COPIER))
     ap.add_argument("--minutes", type=float, default=24.0, help="training time budget")
     ap.add_argument("--batch-tokens", type=int, default=6144)
     ap.add_argument("--max-len", type=int, default=1024)

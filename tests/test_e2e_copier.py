@@ -25,7 +25,9 @@ sys.path.insert(0, str(REPO / "scripts"))
 import copier_tasks as tasks  # noqa: E402
 from e2e_driver import run_driver  # noqa: E402
 
-COPIER = str(REPO / "lookahead" / "testing" / "tiny_copier")
+from lookahead.testing import TINY_COPIER  # noqa: E402
+
+COPIER = str(TINY_COPIER)
 GREEDY = {"temperature": 0.0, "max_new_tokens": 480}
 ENGINE = {"max_total_tokens": 16384, "max_running_requests": 4}
 GROUPS = [[0], [1], [2, 3]]

@@ -21,8 +21,9 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 import copier_tasks as tasks  # noqa: E402
 import train_tiny_copier as train  # noqa: E402
+from lookahead.testing import TINY_COPIER  # noqa: E402
 
-COPIER = REPO / "lookahead" / "testing" / "tiny_copier"
+COPIER = TINY_COPIER
 
 
 @pytest.fixture(scope="module")

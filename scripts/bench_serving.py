@@ -12,7 +12,8 @@ so no drafter has seen a run's answers before, while all of them keep what
 earlier runs taught them, as a serving system would. Every server
 runs with ``--enable-metrics`` (it costs each step a little, so all pay it);
 after each run the script reads which path LOOKAHEAD's decode steps took
-(``sglang:lookahead_steps_total`` by path and reason).
+(``sglang:lookahead_steps_total`` by path and reason) and the run's own accept
+length (see ``run_bench``).
 On CPU each server's scheduler computes with one thread
 (``SGLANG_CPU_OMP_THREADS_BIND=0`` unless set otherwise): on a machine with
 few cores the load generator, tokenizers and detokenizers need the other
@@ -107,30 +108,55 @@ def build_dataset(n: int, seed: int = 0) -> list[dict]:
 
 def run_bench(url: str, model: str, dataset: Path, concurrency: int, num_prompts: int, output_len: int,
               out_file: Path, env: dict) -> dict:
+    """One ``sglang.bench_serving`` run: its JSON record, with ``accept_length`` and
+    ``steps`` (LOOKAHEAD's decode steps by path/reason) for this run alone.
+
+    sglang.bench_serving's own ``accept_length`` is the server's average since it
+    started, so on a server that ran other concurrencies before it blends them in
+    (a LOOKAHEAD-4 run at concurrency 16 that verified nothing showed 1.31). This
+    run's is its generated tokens over its verify calls, from the server's counters
+    (SGLang's ``spec_accept_length``, per run); None without ``--enable-metrics``."""
     cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", url,
            "--model", model, "--tokenizer", model, "--dataset-name", "sharegpt", "--dataset-path", str(dataset),
            "--num-prompts", str(num_prompts), "--sharegpt-output-len", str(output_len),
            "--max-concurrency", str(concurrency), "--request-rate", "inf", "--seed", "1",
            "--output-file", str(out_file), "--disable-tqdm", "--apply-chat-template"]
+    before = server_counters(url)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"bench_serving failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-    return json.loads(out_file.read_text().splitlines()[-1])
+    rec = json.loads(out_file.read_text().splitlines()[-1])
+    after = server_counters(url)
+    rec["steps"] = {k: v - before["steps"].get(k, 0) for k, v in after["steps"].items()}
+    calls = after["verify_calls"] - before["verify_calls"]
+    rec["accept_length"] = (after["generated"] - before["generated"]) / calls if calls > 0 else None
+    return rec
 
 
-def lookahead_steps(url: str) -> dict:
-    """``sglang:lookahead_steps_total`` by "path/reason", from /metrics."""
+def server_counters(url: str) -> dict:
+    """From the server's /metrics (all zero without ``--enable-metrics``):
+    ``steps``, ``sglang:lookahead_steps_total`` by "path/reason"; ``generated``
+    and ``verify_calls``, the tokens and speculative verify calls of the
+    requests finished so far."""
+    import urllib.error
     import urllib.request
 
-    with urllib.request.urlopen(url + "/metrics", timeout=60) as r:
-        text = r.read().decode()
-    steps = {}
+    counters = {"steps": {}, "generated": 0.0, "verify_calls": 0.0}
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=60) as r:
+            text = r.read().decode()
+    except urllib.error.HTTPError:
+        return counters
+    totals = {"sglang:generation_tokens_total": "generated", "sglang:spec_verify_calls_total": "verify_calls"}
     for line in text.splitlines():
-        if line.startswith("sglang:lookahead_steps_total{"):
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name == "sglang:lookahead_steps_total":
             labels = dict(part.split("=", 1) for part in line[line.index("{") + 1: line.index("}")].split(","))
             key = f"{labels['path'].strip(chr(34))}/{labels['reason'].strip(chr(34))}"
-            steps[key] = steps.get(key, 0) + float(line.rsplit(" ", 1)[1])
-    return steps
+            counters["steps"][key] = counters["steps"].get(key, 0) + float(line.rsplit(" ", 1)[1])
+        elif name in totals:
+            counters[totals[name]] += float(line.rsplit(" ", 1)[1])
+    return counters
 
 
 def reference(config: str, device: str):
@@ -268,11 +294,8 @@ def main(argv=None) -> int:
                 for config in configs[r % len(configs):] + configs[: r % len(configs)]:
                     url = servers[config].url
                     t0 = time.time()
-                    before = lookahead_steps(url) if config.startswith("lookahead") else {}
                     rec = run_bench(url, model, prompts, c, n, args.output_len,
                                     out_dir / f"bench_{config}_c{c}_r{r}.jsonl", env)
-                    after = lookahead_steps(url) if config.startswith("lookahead") else {}
-                    rec["steps"] = {k: after[k] - before.get(k, 0) for k in after}
                     runs[config].append(rec)
                     done += 1
                     log(f"[{done}/{total}] {config} c={c} round {r}: TPOT {rec['median_tpot_ms']:.2f} ms, "

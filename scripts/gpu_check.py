@@ -98,11 +98,9 @@ def main(argv=None) -> int:
         bench.run_bench(server.url, model, dataset, 2, 4, 16, out / f"warmup_{name}.jsonl", env)
         for c in args.concurrency:
             n = max(8, args.prompts_per_concurrency * c)
-            before = bench.lookahead_steps(server.url) if name.startswith("lookahead") else {}
             rec = bench.run_bench(server.url, model, dataset, c, n, args.output_len,
                                   out / f"bench_{name}_c{c}.jsonl", env)
-            after = bench.lookahead_steps(server.url) if name.startswith("lookahead") else {}
-            steps = {k: after[k] - before.get(k, 0) for k in after}
+            steps = rec["steps"]
             rows.append({"config": name, "concurrency": c, "median_tpot_ms": rec["median_tpot_ms"],
                          "output_throughput": rec["output_throughput"], "accept_length": rec.get("accept_length"),
                          "steps": steps})
@@ -155,7 +153,7 @@ def main(argv=None) -> int:
             failures.append(f"{name}: the server stopped serving after an abort")
         if not name.startswith("lookahead"):
             return
-        steps = bench.lookahead_steps(server.url)
+        steps = bench.server_counters(server.url)["steps"]
         log(f"{name} matrix steps by path/reason: {steps}")
         wide_single = {k: v for k, v in steps.items() if k.startswith("verify-") and
                        k.split("/")[1] in ("fallback", "does_not_pay", "too_large", "no_draft")}

@@ -32,5 +32,8 @@ def test_gpu_check_runs_its_lookahead_configuration_on_cpu(tiny_model, tmp_path)
     (row,) = report["bench"]
     assert row["config"] == "lookahead" and row["concurrency"] == 1 and row["median_tpot_ms"] > 0
     assert row["steps"].get("verify-eager/verify", 0) > 0, row["steps"]  # LOOKAHEAD's steps were read
+    # The run's own accept length, from the server's token and verify-call counters: at
+    # least the bonus token per verify, at most the verify width of 8.
+    assert row["accept_length"] is not None and 1.0 <= row["accept_length"] <= 8.0, row
     compared = [line for line in proc.stdout.splitlines() if line.split()[1:2] == ["lookahead"]]
     assert sum("identical" in line for line in compared) >= 20, compared

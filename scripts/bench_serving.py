@@ -112,10 +112,10 @@ def run_bench(url: str, model: str, dataset: Path, concurrency: int, num_prompts
     ``steps`` (LOOKAHEAD's decode steps by path/reason) for this run alone.
 
     sglang.bench_serving's own ``accept_length`` is the server's average since it
-    started, so on a server that ran other concurrencies before it blends them in
-    (a LOOKAHEAD-4 run at concurrency 16 that verified nothing showed 1.31). This
-    run's is its generated tokens over its verify calls, from the server's counters
-    (SGLang's ``spec_accept_length``, per run); None without ``--enable-metrics``."""
+    started, so on a server that ran other concurrencies before, it blends them in.
+    This run's is its generated tokens over its verify calls, from the server's
+    counters (SGLang's ``spec_accept_length``, over the run's requests); None
+    without ``--enable-metrics`` or speculation."""
     cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", url,
            "--model", model, "--tokenizer", model, "--dataset-name", "sharegpt", "--dataset-path", str(dataset),
            "--num-prompts", str(num_prompts), "--sharegpt-output-len", str(output_len),

@@ -30,36 +30,15 @@ class SGLangServer:
     def __init__(self, model: str, args: Sequence[str], env: Mapping[str, str], log_path: os.PathLike,
                  port: Optional[int] = None, python: str = sys.executable,
                  launcher: Sequence[str] = ("-m", "sglang.launch_server")):
-        self._chosen_port = port is None  # ours to change if it is taken
-        self._launch = [python, *launcher, "--model-path", model, "--host", "127.0.0.1"]
-        self._args = list(args)
-        self._use_port(port or free_port())
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(log_path)
+        self.cmd = [python, *launcher, "--model-path", model,
+                    "--host", "127.0.0.1", "--port", str(self.port), *args]
         self.env = dict(env)
         self.proc: Optional[subprocess.Popen] = None
 
-    def _use_port(self, port: int) -> None:
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
-        self.cmd = [*self._launch, "--port", str(port), *self._args]
-
-    def start(self, timeout: float = 300.0, attempts: int = 3) -> "SGLangServer":
-        """Launch and wait for /health. A port of our choosing can be taken
-        while the server starts (it binds its HTTP port last, after its
-        scheduler's gloo sockets have bound ephemeral ports of their own):
-        then it starts again on another port, up to ``attempts`` times."""
-        for attempt in range(attempts):
-            try:
-                return self._start_once(timeout)
-            except RuntimeError:
-                taken = "address already in use" in self.log_tail()
-                if not (taken and self._chosen_port and attempt + 1 < attempts):
-                    raise
-                self.stop()
-                self._use_port(free_port())
-        raise AssertionError("unreachable")
-
-    def _start_once(self, timeout: float) -> "SGLangServer":
+    def start(self, timeout: float = 300.0) -> "SGLangServer":
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
                                      start_new_session=True)

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 GREEDY = {"temperature": 0.0, "max_new_tokens": 40}
 # Logprobs agree to float32 precision: 1e-4 absolute, or 2e-5 of the value for
 # logprobs far in the tail, where a verify's extend-shaped forward and a decode
-# step's reduction orders differ most (1.2e-4 at -11.59 has been seen).
+# step's reduction orders differ most (measurements: docs/history.md).
 LOGPROB_TOLERANCE = 1e-4
 LOGPROB_REL_TOLERANCE = 2e-5
 # The cases whose answers must equal plain decoding's.

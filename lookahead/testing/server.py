@@ -9,6 +9,7 @@ file, which is quoted when the server fails to come up.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -20,8 +21,35 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 
+def _ephemeral_range() -> range:
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A free port below the kernel's ephemeral range.
+
+    A port the kernel hands out for ``bind(0)`` can be handed out again, to
+    the scheduler's gloo sockets, before the server binds its HTTP port last;
+    the server then dies with "address already in use".  Ports below the
+    ephemeral range are only ever taken by an explicit bind.  The pick stays
+    below 22000 too, where SGLang picks its own NCCL/gloo rendezvous port
+    (``get_free_port_below_ephemeral``), so the two never draw the same one.
+    """
+    ephemeral = _ephemeral_range()
+    candidates = [p for p in range(10000, min(22000, ephemeral.start)) if p not in ephemeral]
+    rng = random.SystemRandom()
+    for port in rng.sample(candidates, min(200, len(candidates))):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # no room below the range on this machine
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 

@@ -173,7 +173,8 @@ class LookaheadServerArgs(_original_server_args_class()):
             help="LOOKAHEAD only. Draft a single chain (the best branch) "
             "instead of a tree of --speculative-num-draft-tokens nodes (root "
             "included). Unlike a tree, a chain may be combined with "
-            "--page-size > 1 on any attention backend.",
+            "--page-size > 1 on any attention backend (on CUDA; on CPU "
+            "speculative decoding needs --page-size 1).",
         ),
     ] = False
     speculative_lookahead_max_batch_size: A[
@@ -534,6 +535,15 @@ def handle_lookahead_server_args(server_args: Any) -> None:
             f"({sa.page_size}) > 1 are only supported by the 'flashinfer' "
             "attention backend. Use --page-size 1, --attention-backend "
             "flashinfer, or --speculative-one-branch."
+        )
+    # On CPU, SGLang's speculative KV allocation for pages
+    # (alloc_for_spec_decode -> get_last_loc) launches a Triton kernel, and
+    # Triton has no CPU driver: the scheduler would die at the first decode.
+    if sa.device == "cpu" and (sa.page_size or 1) > 1:
+        raise ValueError(
+            f"LOOKAHEAD on CPU needs --page-size 1 (got {sa.page_size}): "
+            "SGLang's speculative KV allocation with pages runs a Triton "
+            "kernel, which has no CPU driver."
         )
 
     from sglang.srt.runtime_context import attn_dp_enabled_of

@@ -271,9 +271,10 @@ def test_resolution_defaults_num_draft_tokens(plugin, model_dir, caplog):
 
 
 def test_allowed_edge_combinations(plugin, model_dir):
-    # A chain has no tree mask: page_size > 1 is fine with any backend.
+    # A chain has no tree mask: on CUDA, page_size > 1 is fine with any backend.
     record = _resolve(
-        _engine_args(model_dir, page_size=16, speculative_one_branch=True)
+        _engine_args(model_dir, device="cuda", attention_backend="triton", page_size=16,
+                     speculative_one_branch=True)
     )
     assert _resolved(record, "page_size") == 16
     # Never speculating needs no TARGET_VERIFY support.
@@ -300,6 +301,7 @@ def test_allowed_edge_combinations(plugin, model_dir):
         ({"speculative_lookahead_path": ""}, "--speculative-lookahead-path must be a non-empty file path"),
         ({"speculative_lookahead_isolation": "tenant"}, "--speculative-lookahead-isolation must be one of salt, none, request, got 'tenant'"),
         ({"page_size": 16}, "only supported by the 'flashinfer' attention backend"),
+        ({"page_size": 16, "speculative_one_branch": True}, "LOOKAHEAD on CPU needs --page-size 1 (got 16)"),
         ({"attention_backend": "torch_native"}, "torch_native attention backend does not support"),
         ({"speculative_draft_model_path": "MODEL_DIR"}, "uses no draft model"),
     ],

@@ -41,7 +41,8 @@ class LookaheadMetrics:
         self.steps = Counter(
             "sglang:lookahead_steps",
             "Decode steps by path (verify-graph, verify-eager, single-graph, single-eager) "
-            "and reason (verify, fallback: batch above the max batch size, no_draft).",
+            "and reason (verify, fallback: batch above the max batch size, no_draft, "
+            "custom_logit_processor: a request of the batch has one).",
             names + ["path", "reason"],
         )
         self.prompt_tokens = Counter(

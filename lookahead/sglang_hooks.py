@@ -42,7 +42,8 @@ Sampling and penalties (``lookahead.tree_penalties``):
   each tree node gets the penalties of its own path, and on CPU a sampling
   batch is verified by rejection sampling (``lookahead.cpu_sampling``)
   rather than greedily; a greedy width-1 verify commits the argmax of each
-  root without the tree walk.
+  root without the tree walk; a custom logit processor is applied as plain
+  decoding applies it (SGLang's NGRAM and EAGLE skip it).
 """
 
 from __future__ import annotations
@@ -142,25 +143,41 @@ def _sample_tree(original, verify_input, batch, logits_output, grammar_mask=None
     if not isinstance(verify_input, LookaheadVerifyInput):
         return original(verify_input, batch, logits_output, grammar_mask, *args, **kwargs)
     info = batch.sampling_info
+    logits = logits_output.next_token_logits
     snapshot = getattr(info, PENALTY_SNAPSHOT_ATTR, None)
-    saved = None
+    saved = {}  # sampling-info fields already applied here, blanked for what follows
     if snapshot is not None and verify_input.penalty_inputs is not None:
-        snapshot.node_logits(logits_output.next_token_logits, *verify_input.penalty_inputs)
+        snapshot.node_logits(logits, *verify_input.penalty_inputs)
         # Applied node by node above, so eagle_sample must not add the
         # committed-only version on top.
-        saved = (info.acc_additive_penalties, info.acc_scaling_penalties)
+        saved.update(acc_additive_penalties=info.acc_additive_penalties,
+                     acc_scaling_penalties=info.acc_scaling_penalties)
         info.acc_additive_penalties = info.acc_scaling_penalties = None
+    if info.has_custom_logit_processor:
+        # The worker verifies such batches at width 1 (a processor may read
+        # the request's committed output, which a deeper node would extend),
+        # so each row is a request's next position. Plain decoding's order:
+        # the logit changes, then the processor.
+        _apply_logit_changes(logits, info, grammar_mask)
+        from sglang.srt.layers.sampler import apply_custom_logit_processor
+
+        apply_custom_logit_processor(logits, info)
+        saved.setdefault("acc_additive_penalties", info.acc_additive_penalties)
+        saved.setdefault("acc_scaling_penalties", info.acc_scaling_penalties)
+        saved["logit_bias"] = info.logit_bias
+        info.acc_additive_penalties = info.acc_scaling_penalties = info.logit_bias = None
+        grammar_mask = None
     try:
         if verify_input.draft_token_num == 1 and _argmax_decides(info, kwargs.get("watermark_state")):
             return _roots_argmax(verify_input, info, logits_output, grammar_mask)
-        if logits_output.next_token_logits.device.type == "cpu" and not info.is_all_greedy:
+        if logits.device.type == "cpu" and not info.is_all_greedy:
             from lookahead.cpu_sampling import tree_sampling_verify
 
             return tree_sampling_verify(verify_input, batch, logits_output, grammar_mask)
         return original(verify_input, batch, logits_output, grammar_mask, *args, **kwargs)
     finally:
-        if saved is not None:
-            info.acc_additive_penalties, info.acc_scaling_penalties = saved
+        for field, value in saved.items():
+            setattr(info, field, value)
 
 
 def _argmax_decides(info, watermark_state) -> bool:
@@ -172,15 +189,12 @@ def _argmax_decides(info, watermark_state) -> bool:
             and (watermark_state is None or not info.has_watermark_candidates))
 
 
-def _roots_argmax(verify_input, info, logits_output, grammar_mask):
-    """``eagle_sample`` for a tree of one node per request, greedy: the
-    fallback tier's every step. Each request commits the target's argmax at
-    its root, after the same logit changes ``eagle_sample`` makes (at width 1
-    its per-node repeats are the rows themselves), without the tree walk."""
+def _apply_logit_changes(logits, info, grammar_mask) -> None:
+    """What ``eagle_sample`` changes in a width-1 verify's logits before it
+    picks (at width 1 its per-node repeats are the rows themselves)."""
     from sglang.srt.sampling.penaltylib.repetition_penalty import apply_scaling_penalties
     from sglang.srt.utils.async_probe import sanitize_nan_logits
 
-    logits = logits_output.next_token_logits
     sanitize_nan_logits(logits, "verify: target model logits")
     if info.acc_additive_penalties is not None:
         logits.add_(info.acc_additive_penalties)
@@ -190,6 +204,15 @@ def _roots_argmax(verify_input, info, logits_output, grammar_mask):
         logits.add_(info.logit_bias)
     if grammar_mask is not None:
         grammar_mask.apply(logits)
+
+
+def _roots_argmax(verify_input, info, logits_output, grammar_mask):
+    """``eagle_sample`` for a tree of one node per request, greedy: the
+    fallback tier's every step. Each request commits the target's argmax at
+    its root, after the same logit changes ``eagle_sample`` makes, without
+    the tree walk."""
+    logits = logits_output.next_token_logits
+    _apply_logit_changes(logits, info, grammar_mask)
     predict = torch.argmax(logits, dim=-1).to(torch.int32)
     # Node i is request i's root: the width-1 retrieve_index is arange(bs).
     accept_index = verify_input.retrieve_index.to(torch.int32)

@@ -248,13 +248,18 @@ class LookaheadWorker(NGRAMWorker):
         # "fallback": above the max batch size nothing is drafted; outputs
         # reach the trie when speculation resumes, or when the request ends.
         reason, drafts, expected = "fallback", None, None
-        if self.plan.speculates(bs) and (self.policy is None or self.policy.wants_drafts(bs)):
+        speculates = self.plan.speculates(bs)
+        if speculates and batch.sampling_info.has_custom_logit_processor:
+            # A processor sees a request's committed output (``__req__``), not a
+            # tree node's path: such a batch decodes one token per request.
+            reason = "custom_logit_processor"
+        elif speculates and (self.policy is None or self.policy.wants_drafts(bs)):
             contexts = [self._context(req, pending[i] if pending is not None else ())
                         for i, req in enumerate(batch.reqs)]
             drafts = self._draft(batch, contexts, pending)
             expected = sum(d.expected for d in drafts) if drafts is not None else 0.0
             reason = "verify" if drafts is not None else "no_draft"
-        if self.policy is not None:
+        if self.policy is not None and reason != "custom_logit_processor":
             decision = self.policy.decide(bs, expected)
             reason = decision.reason
             if not decision.speculate:

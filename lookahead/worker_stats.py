@@ -5,7 +5,8 @@ tier (``verify``: wider than one token; ``single``: the last committed token
 alone, a plain decode step on the verify path) and how it ran (a CUDA-graph
 replay or eagerly); and by reason (``verify``: drafted; ``no_draft``: nothing
 matched; ``fallback``: the batch is larger than
-``--speculative-lookahead-max-batch-size``, so nothing was drafted; with
+``--speculative-lookahead-max-batch-size``, so nothing was drafted;
+``custom_logit_processor``: a request of the batch has one; with
 ``auto``, the decision's reason: ``pays``, ``does_not_pay``, ``explore``,
 ``no_draft``, ``too_large``).
 Acceptance is recorded from the CPU copy the scheduler already makes, so

@@ -87,7 +87,8 @@ def main(argv=None) -> int:
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model, env = args.model_path, dict(os.environ)
-    base = ["--max-running-requests", "16", "--chunked-prefill-size", "1024", *args.extra_server_args.split()]
+    base = ["--max-running-requests", "16", "--chunked-prefill-size", "1024", "--enable-custom-logit-processor",
+            *args.extra_server_args.split()]
     width = ["--speculative-num-draft-tokens", str(args.num_draft_tokens)]
     graphs = not {"--disable-cuda-graph", "cpu"} & set(base)  # steps off graphs are then intended
     dataset = out / "local_sharegpt.json"

@@ -33,7 +33,7 @@ COMPARED = [
     "openai_chat_logprobs", "openai_completion_logprobs",
     "n_2", "stop_string", "stop_token_ids", "min_new_tokens", "max_new_tokens_1", "max_new_tokens_2",
     "frequency_penalty", "presence_penalty", "repetition_penalty", "penalties_combined",
-    "long_prompt", "concurrent_16",
+    "custom_logit_processor", "long_prompt", "concurrent_16",
 ]
 PROMPTS = [
     "def add(a, b):\n    return",
@@ -128,6 +128,12 @@ def build_cases(probe: list) -> dict:
         "repetition_penalty": [_gen(p, repetition_penalty=1.37, ignore_eos=True) for p in PROMPTS[:3]],
         "penalties_combined": [_gen(PROMPTS[1], frequency_penalty=0.29, presence_penalty=0.37,
                                     repetition_penalty=1.17, min_new_tokens=8, stop_token_ids=[early])],
+        # A custom logit processor forbids a token plain greedy decoding writes;
+        # the request beside it shares its batch.
+        "custom_logit_processor": [
+            {**_gen(PROMPTS[0], ignore_eos=True, custom_params={"token_ids": [probe[6]]}),
+             "custom_logit_processor": _disallow_tokens()},
+            _gen(PROMPTS[1], ignore_eos=True)],
         # logprobs
         "logprobs_start_len": [{**_gen(PROMPTS[5], ignore_eos=True), "return_logprob": True,
                                 "logprob_start_len": 0, "top_logprobs_num": 2}],
@@ -137,6 +143,14 @@ def build_cases(probe: list) -> dict:
         cases[f"logprobs_bs{bs}"] = [{**_gen(PROMPTS[i], ignore_eos=True), "return_logprob": True,
                                       "top_logprobs_num": 3} for i in range(bs)]
     return cases
+
+
+def _disallow_tokens() -> str:
+    """SGLang's own example processor, serialised as a request carries it
+    (the servers run with ``--enable-custom-logit-processor``)."""
+    from sglang.srt.sampling.custom_logit_processor import DisallowedTokensLogitsProcessor
+
+    return DisallowedTokensLogitsProcessor().to_str()
 
 
 def _concurrent(url: str, payloads: list) -> list:

@@ -22,6 +22,7 @@ from lookahead.testing.server import SGLangServer
 
 # JSON without free whitespace: the tiny model would otherwise fill its budget with it.
 BASE = dict(max_running_requests=16, max_total_tokens=24576, chunked_prefill_size=256,
+            enable_custom_logit_processor=True,
             constrained_json_disable_any_whitespace=True)
 CONFIGS = {
     "tree": ["--speculative-num-draft-tokens", "8"],
@@ -101,6 +102,10 @@ def test_cases_exercise_what_they_name(plain):
     # Each penalty changes the output (else its case would prove nothing).
     for case in ("frequency_penalty", "presence_penalty", "repetition_penalty"):
         assert [a["output_ids"] for a in res[case]] != [a["output_ids"] for a in res["greedy"]], case
+    # The processor changed the output: the forbidden token is gone.
+    forbidden = res["custom_logit_processor"][0]["output_ids"]
+    assert forbidden != res["greedy"][0]["output_ids"][: len(forbidden)]
+    assert plain["cases"]["custom_logit_processor"][0]["sampling_params"]["custom_params"]["token_ids"][0] not in forbidden
 
 
 def test_speculation_ran_on_the_intended_paths(lookahead):
@@ -112,6 +117,9 @@ def test_speculation_ran_on_the_intended_paths(lookahead):
     # Nothing runs on graphs on CPU.
     for path in ("verify-graph", "single-graph"):
         assert steps(path=path) == 0
+    # A batch with a custom logit processor verified one token per request.
+    assert steps(reason="custom_logit_processor") > 0
+    assert steps(path="verify-eager", reason="custom_logit_processor") == 0
     if lookahead["name"] == "auto":
         # Decided per step: it speculated where that paid, and measured both options.
         assert steps(path="verify-eager", reason="pays") > 0

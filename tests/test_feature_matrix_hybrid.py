@@ -13,6 +13,8 @@ Not compared: the penalty cases and ``min_new_tokens``. SGLang's EAGLE
 applies penalties once per verify step (its "relaxed" penalties), so its
 output there depends on how many tokens each step accepted and differs from
 plain decoding with or without the trie; the hybrid keeps EAGLE's behaviour.
+Nor the custom logit processor case: SGLang's EAGLE verify does not apply
+custom logit processors at all.
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ from lookahead.testing.cpu_env import cpu_server_args, default_cache_dir
 from lookahead.testing.server import SGLangServer
 
 BASE = dict(max_running_requests=16, max_total_tokens=24576, chunked_prefill_size=256,
+            enable_custom_logit_processor=True,
             constrained_json_disable_any_whitespace=True)
-# EAGLE's relaxed penalties (see the module docstring).
-NOT_COMPARED = {"frequency_penalty", "presence_penalty", "repetition_penalty", "penalties_combined", "min_new_tokens"}
+# EAGLE's relaxed penalties, and no custom logit processors (see the module docstring).
+NOT_COMPARED = {"frequency_penalty", "presence_penalty", "repetition_penalty", "penalties_combined", "min_new_tokens",
+                "custom_logit_processor"}
 COMPARED = [c for c in fm.COMPARED if c not in NOT_COMPARED]
 CONFIGS = {
     "hybrid-tree": ["--speculative-num-steps", "3", "--speculative-eagle-topk", "2",

@@ -29,9 +29,9 @@ LOGPROB_REL_TOLERANCE = 2e-5
 # The cases whose answers must equal plain decoding's.
 COMPARED = [
     "greedy", "regex", "json_schema", "ebnf", "openai_response_format",
-    "logprobs_bs1", "logprobs_bs4", "logprobs_bs6", "logprobs_start_len",
+    "logprobs_bs1", "logprobs_bs4", "logprobs_bs6", "logprobs_start_len", "token_ids_logprob",
     "openai_chat_logprobs", "openai_completion_logprobs",
-    "n_2", "stop_string", "stop_token_ids", "min_new_tokens", "max_new_tokens_1", "max_new_tokens_2",
+    "n_2", "stop_string", "stop_regex", "stop_token_ids", "min_new_tokens", "max_new_tokens_1", "max_new_tokens_2",
     "frequency_penalty", "presence_penalty", "repetition_penalty", "penalties_combined",
     "custom_logit_processor", "long_prompt", "concurrent_16",
 ]
@@ -96,7 +96,7 @@ def _answer(out: dict) -> dict:
     meta = out["meta_info"]
     rec = {"output_ids": out.get("output_ids"), "text": out["text"],
            "finish_reason": meta["finish_reason"], "completion_tokens": meta["completion_tokens"]}
-    for key in ("output_token_logprobs", "output_top_logprobs", "input_token_logprobs"):
+    for key in ("output_token_logprobs", "output_top_logprobs", "input_token_logprobs", "output_token_ids_logprobs"):
         if meta.get(key) is not None:
             rec[key] = meta[key]
     return rec
@@ -142,6 +142,9 @@ def build_cases(probe: list) -> dict:
     for bs in (1, 4, 6):
         cases[f"logprobs_bs{bs}"] = [{**_gen(PROMPTS[i], ignore_eos=True), "return_logprob": True,
                                       "top_logprobs_num": 3} for i in range(bs)]
+    # logprobs of chosen token ids, at batch size 6
+    cases["token_ids_logprob"] = [{**_gen(PROMPTS[i], ignore_eos=True), "return_logprob": True,
+                                   "token_ids_logprob": [stop_token, early]} for i in range(6)]
     return cases
 
 
@@ -213,6 +216,9 @@ def run_matrix(url: str, cases: dict, model: str) -> dict:
     probe_text = post(url + "/generate", _gen(PROMPTS[7], ignore_eos=True))["text"]
     stop_str = probe_text[len(probe_text) // 2: len(probe_text) // 2 + 3]
     results["stop_string"] = [stop_str, _answer(post(url + "/generate", _gen(PROMPTS[7], stop=[stop_str])))]
+    # The same cut by a stop regex (SGLang matches it on the decoded tail).
+    stop_regex = re.escape(stop_str[:2]) + r"[\s\S]"
+    results["stop_regex"] = [stop_regex, _answer(post(url + "/generate", _gen(PROMPTS[7], stop_regex=stop_regex)))]
 
     # A prompt longer than --chunked-prefill-size, then the same one again
     # (its prefix now comes from the radix cache).

@@ -98,6 +98,9 @@ def test_cases_exercise_what_they_name(plain):
     assert res["logprobs_start_len"][0]["input_token_logprobs"]
     stop_str, answer = res["stop_string"]
     assert stop_str and stop_str not in answer["text"]
+    regex, answer = res["stop_regex"]
+    assert answer["finish_reason"] == {"type": "stop", "matched": regex} and answer["completion_tokens"] < 40
+    assert all(len(a["output_token_ids_logprobs"]) == 40 for a in res["token_ids_logprob"])
     assert len(res["concurrent_16"]) == 16
     # Each penalty changes the output (else its case would prove nothing).
     for case in ("frequency_penalty", "presence_penalty", "repetition_penalty"):

@@ -3,6 +3,8 @@ and the shape-only verify input SGLang's graph capture and warm-up get."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -142,8 +144,6 @@ def test_greedy_width_one_verify_commits_what_eagle_sample_commits(cpu_tree_walk
     """The fallback tier's greedy shortcut in the ``eagle_sample`` hook: the same
     tokens, lengths and indices as SGLang's tree walk, with every logit change
     eagle_sample makes, and without calling it."""
-    from types import SimpleNamespace
-
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.eagle_utils import eagle_sample
 
@@ -157,7 +157,7 @@ def test_greedy_width_one_verify_commits_what_eagle_sample_commits(cpu_tree_walk
     # change below must move it for the shortcut to match.
     logits[:, 3] += 10.0
     info = SimpleNamespace(is_all_greedy=True, has_watermark_candidates=False, acc_additive_penalties=None,
-                           acc_scaling_penalties=None, logit_bias=None)
+                           acc_scaling_penalties=None, logit_bias=None, has_custom_logit_processor=False)
     grammar = None
     if extra == "additive":
         info.acc_additive_penalties = torch.zeros(bs, vocab)
@@ -196,6 +196,77 @@ def test_greedy_width_one_verify_commits_what_eagle_sample_commits(cpu_tree_walk
     for w, g in zip(want, got):
         assert g.dtype == w.dtype and g.shape == w.shape
         assert torch.equal(g, w)
+
+
+class _BanArgmax:
+    """A custom logit processor whose effect depends on the logits it is
+    given: it bans each row's current best token, so applying it before the
+    logit bias instead of after gives another answer."""
+
+    def __call__(self, logits, custom_param_list):
+        assert len(custom_param_list) == logits.shape[0]
+        logits[torch.arange(logits.shape[0]), logits.argmax(dim=-1)] = float("-inf")
+        return logits
+
+
+class _SamplingInfo(SimpleNamespace):
+    def __len__(self):
+        return len(self.temperatures)
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_width_one_verify_applies_a_custom_logit_processor_as_plain_decoding(cpu_tree_walk, sampled):
+    """A batch with a custom logit processor is verified at width 1: the
+    rows are processed in plain decoding's order (logit bias and grammar mask
+    first, then the processor, on the processor's rows only), which SGLang's
+    own eagle_sample skips, and the result is restored for the next step."""
+    from sglang.srt.layers.sampler import apply_custom_logit_processor
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.sampling.sampling_batch_info import ProcessorEntry
+
+    from lookahead import sglang_hooks
+    from lookahead.verify_input import LookaheadVerifyInput
+
+    bs, vocab = 4, 50
+    gen = torch.Generator().manual_seed(11)
+    logits = torch.randn(bs, vocab, generator=gen)
+    logits[:, 3] += 10.0
+    logit_bias = torch.zeros(bs, vocab)
+    logit_bias[:, 3] = -30.0  # the bias moves every row's best token away from 3
+    rows = [0, 2]  # requests 1 and 3 have no processor
+    info = _SamplingInfo(
+        is_all_greedy=not sampled, has_watermark_candidates=False, acc_additive_penalties=None,
+        acc_scaling_penalties=None, logit_bias=logit_bias, has_custom_logit_processor=True,
+        custom_logit_processor={1: ProcessorEntry(_BanArgmax(), rows, torch.tensor(rows))},
+        custom_params=[{}, None, {}, None],
+        temperatures=torch.full((bs, 1), 0.7), top_ks=torch.ones(bs, dtype=torch.int32),
+        top_ps=torch.ones(bs), min_ps=torch.zeros(bs), need_min_p_sampling=False)
+    grammar = _BanTokens([5])
+    batch = SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY, seq_lens=torch.full((bs,), 9),
+                            sampling_info=info, device="cpu", return_logprob=False,
+                            req_pool_indices=torch.arange(bs))
+    verify_input = LookaheadVerifyInput(
+        draft_token=torch.randint(0, vocab, (bs,), generator=gen), custom_mask=torch.ones(bs, dtype=torch.bool),
+        positions=torch.full((bs,), 9), retrieve_index=torch.arange(bs).view(bs, 1),
+        retrieve_next_token=torch.full((bs, 1), -1), retrieve_next_sibling=torch.full((bs, 1), -1),
+        draft_token_num=1)
+
+    # Plain decoding: ModelRunner applies the bias and the grammar mask, then
+    # the sampler the processor; top-k 1 makes the sampled case its argmax too.
+    plain = logits.clone() + logit_bias
+    grammar.apply(plain)
+    apply_custom_logit_processor(plain, info)
+    want = plain.argmax(dim=-1)
+    biased_best = (logits + logit_bias).argmax(dim=-1)
+    assert (want[rows] != biased_best[rows]).all() and torch.equal(want[[1, 3]], biased_best[[1, 3]])
+
+    predict, accept_lens, accept_index = sglang_hooks._sample_tree(
+        lambda *a, **k: pytest.fail("eagle_sample would skip the processor"), verify_input, batch,
+        SimpleNamespace(next_token_logits=logits.clone()), grammar, watermark_state=None)
+    assert torch.equal(predict.long(), want)
+    assert accept_lens.tolist() == [1] * bs and accept_index.view(-1).tolist() == list(range(bs))
+    # What the hook blanked while it ran is back for the step's other readers.
+    assert info.logit_bias is logit_bias and info.acc_additive_penalties is None
 
 
 class _PagedKV:

@@ -21,12 +21,11 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 
-def _ephemeral_range() -> range:
+def _ephemeral_low() -> int:
     try:
-        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-    except (OSError, ValueError):
-        low, high = 32768, 60999
-    return range(low, high + 1)
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def free_port() -> int:
@@ -39,10 +38,8 @@ def free_port() -> int:
     below 22000 too, where SGLang picks its own NCCL/gloo rendezvous port
     (``get_free_port_below_ephemeral``), so the two never draw the same one.
     """
-    ephemeral = _ephemeral_range()
-    candidates = [p for p in range(10000, min(22000, ephemeral.start)) if p not in ephemeral]
-    rng = random.SystemRandom()
-    for port in rng.sample(candidates, min(200, len(candidates))):
+    candidates = range(10000, min(22000, _ephemeral_low()))
+    for port in random.SystemRandom().sample(candidates, min(200, len(candidates))):
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))

@@ -28,6 +28,9 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+_handed_out: set = set()
+
+
 def free_port() -> int:
     """A free port below the kernel's ephemeral range.
 
@@ -37,14 +40,19 @@ def free_port() -> int:
     ephemeral range are only ever taken by an explicit bind.  The pick stays
     below 22000 too, where SGLang picks its own NCCL/gloo rendezvous port
     (``get_free_port_below_ephemeral``), so the two never draw the same one.
+    A port is handed out once per process: servers started side by side (the
+    bench starts five) bind theirs only once they are up.
     """
     candidates = range(10000, min(22000, _ephemeral_low()))
     for port in random.SystemRandom().sample(candidates, min(200, len(candidates))):
+        if port in _handed_out:  # given to a server that may not have bound it yet
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
+            _handed_out.add(port)
             return port
     with socket.socket() as s:  # no room below the range on this machine
         s.bind(("127.0.0.1", 0))

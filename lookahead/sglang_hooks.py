@@ -146,13 +146,17 @@ def _sample_tree(original, verify_input, batch, logits_output, grammar_mask=None
     logits = logits_output.next_token_logits
     snapshot = getattr(info, PENALTY_SNAPSHOT_ATTR, None)
     saved = {}  # sampling-info fields already applied here, blanked for what follows
+
+    def blank(*fields):
+        for field in fields:
+            saved.setdefault(field, getattr(info, field))
+            setattr(info, field, None)
+
     if snapshot is not None and verify_input.penalty_inputs is not None:
         snapshot.node_logits(logits, *verify_input.penalty_inputs)
         # Applied node by node above, so eagle_sample must not add the
         # committed-only version on top.
-        saved.update(acc_additive_penalties=info.acc_additive_penalties,
-                     acc_scaling_penalties=info.acc_scaling_penalties)
-        info.acc_additive_penalties = info.acc_scaling_penalties = None
+        blank("acc_additive_penalties", "acc_scaling_penalties")
     if info.has_custom_logit_processor:
         # The worker verifies such batches at width 1 (a processor may read
         # the request's committed output, which a deeper node would extend),
@@ -162,10 +166,7 @@ def _sample_tree(original, verify_input, batch, logits_output, grammar_mask=None
         from sglang.srt.layers.sampler import apply_custom_logit_processor
 
         apply_custom_logit_processor(logits, info)
-        saved.setdefault("acc_additive_penalties", info.acc_additive_penalties)
-        saved.setdefault("acc_scaling_penalties", info.acc_scaling_penalties)
-        saved["logit_bias"] = info.logit_bias
-        info.acc_additive_penalties = info.acc_scaling_penalties = info.logit_bias = None
+        blank("acc_additive_penalties", "acc_scaling_penalties", "logit_bias")
         grammar_mask = None
     try:
         if verify_input.draft_token_num == 1 and _argmax_decides(info, kwargs.get("watermark_state")):

@@ -19,6 +19,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from typing import Optional
 
 GREEDY = {"temperature": 0.0, "max_new_tokens": 40}
 # Logprobs agree to float32 precision: 1e-4 absolute, or 2e-5 of the value for
@@ -102,12 +103,19 @@ def _answer(out: dict) -> dict:
     return rec
 
 
-def build_cases(probe: list) -> dict:
+def build_cases(probe: list, probe_text: str) -> dict:
     """Every case of the matrix; ``probe`` is the plain server's greedy output
-    ids for ``PROMPTS[0]`` (48 tokens, EOS ignored)."""
+    ids for ``PROMPTS[0]`` (48 tokens, EOS ignored), ``probe_text`` its greedy
+    text for ``PROMPTS[7]``."""
     stop_token = probe[9]
     early = probe[3]
+    # A stop string taken from the model's own text, mid-output; the same cut
+    # by a stop regex (SGLang matches it on the decoded tail).
+    stop_str = probe_text[len(probe_text) // 2: len(probe_text) // 2 + 3]
+    stop_regex = re.escape(stop_str[:2]) + r"[\s\S]"
     cases = {
+        "stop_string": [_gen(PROMPTS[7], stop=[stop_str])],
+        "stop_regex": [_gen(PROMPTS[7], stop_regex=stop_regex)],
         # structured output
         "regex": [_gen(PROMPTS[0], regex=REGEX, max_new_tokens=96), _gen(PROMPTS[3], regex=REGEX, max_new_tokens=96)],
         "json_schema": [_gen(PROMPTS[1], json_schema=json.dumps(JSON_SCHEMA), max_new_tokens=128)],
@@ -161,11 +169,47 @@ def _concurrent(url: str, payloads: list) -> list:
         return list(pool.map(lambda p: post(url + "/generate", p), payloads))
 
 
-def _generate_case(url: str, payloads: list) -> list:
+# With margins: the top logprobs every answer of the reference also returns.
+MARGIN_TOP = 2
+_LOGPROB_FIELDS = ("output_token_logprobs", "output_top_logprobs", "input_token_logprobs",
+                   "output_token_ids_logprobs")
+
+
+def _with_margins(payload: dict) -> tuple[dict, tuple]:
+    """``payload`` asking for the top logprobs of every output token too, and
+    the answer fields that adds (to be moved out of the answer)."""
+    if payload.get("top_logprobs_num"):
+        return payload, ()
+    if payload.get("return_logprob"):
+        return {**payload, "top_logprobs_num": MARGIN_TOP}, ("output_top_logprobs",)
+    return {**payload, "return_logprob": True, "top_logprobs_num": MARGIN_TOP}, _LOGPROB_FIELDS
+
+
+def _margin(answer: dict, added: tuple) -> dict:
+    """Move the fields ``added`` from ``answer`` into its margin record: the
+    answer keeps what the unaugmented request returns."""
+    margin = {"output_top_logprobs": answer.get("output_top_logprobs")}
+    for key in added:
+        answer.pop(key, None)
+    return margin
+
+
+def _generate_case(url: str, payloads: list, margins: Optional[list] = None, metas: Optional[list] = None) -> list:
+    """The answers to ``payloads`` (sent together); with ``margins`` (a list to
+    fill), each answer's top logprobs are collected there, answer by answer,
+    and with ``metas`` each answer's ``meta_info``."""
+    added = [()] * len(payloads)
+    if margins is not None:
+        payloads, added = zip(*map(_with_margins, payloads))
     outs = _concurrent(url, payloads) if len(payloads) > 1 else [post(url + "/generate", payloads[0])]
     answers = []
-    for out in outs:
-        answers.extend(_answer(o) for o in (out if isinstance(out, list) else [out]))
+    for out, extra in zip(outs, added):
+        for o in out if isinstance(out, list) else [out]:
+            answers.append(_answer(o))
+            if metas is not None:
+                metas.append(o["meta_info"])
+            if margins is not None:
+                margins.append(_margin(answers[-1], extra))
     return answers
 
 
@@ -176,14 +220,32 @@ def long_prompt(n_lines: int = 120) -> str:
 def reference(url: str, model: str) -> tuple[dict, dict]:
     """The cases, built from a probe of this (plain) server's own greedy
     output, and its answers to them: what every other server is compared with."""
+    cases, results, _ = reference_with_margins(url, model, margins=False)
+    return cases, results
+
+
+def reference_with_margins(url: str, model: str, margins: bool = True) -> tuple[dict, dict, Optional[dict]]:
+    """``reference``, and (``margins``) the top logprobs of every token the
+    reference wrote, asked for alongside each answer and kept apart from it
+    (``numerics.compare`` reads them to tell a near tie from a wrong token)."""
     probe = post(url + "/generate", _gen(PROMPTS[0], max_new_tokens=48, ignore_eos=True))
-    cases = build_cases(probe["output_ids"])
-    return cases, run_matrix(url, cases, model)
+    probe_text = post(url + "/generate", _gen(PROMPTS[7], ignore_eos=True))["text"]
+    cases = build_cases(probe["output_ids"], probe_text)
+    kept = {} if margins else None
+    return cases, run_matrix(url, cases, model, margins=kept), kept
 
 
-def run_matrix(url: str, cases: dict, model: str) -> dict:
-    """Send every case to the server at ``url``; returns case name -> answers."""
-    results = {name: _generate_case(url, payloads) for name, payloads in cases.items()}
+def run_matrix(url: str, cases: dict, model: str, margins: Optional[dict] = None) -> dict:
+    """Send every case to the server at ``url``; returns case name -> answers.
+    With ``margins`` (a dict to fill), every compared answer's top logprobs
+    are collected there under the answer's own place (``reference_with_margins``)."""
+    def case_margins(name):
+        return None if margins is None else margins.setdefault(name, [])
+
+    def answer(name, payload, metas=None):
+        return _generate_case(url, [payload], case_margins(name), metas)[0]
+
+    results = {name: _generate_case(url, payloads, case_margins(name)) for name, payloads in cases.items()}
 
     # Sampled grammar requests (on CPU: LOOKAHEAD's sampling verification
     # under the grammar mask). The regex is short enough to end within the budget.
@@ -196,37 +258,34 @@ def run_matrix(url: str, cases: dict, model: str) -> dict:
         "model": model, "messages": [{"role": "user", "content": "Describe a point as JSON."}],
         "temperature": 0, "max_tokens": 128,
         "response_format": {"type": "json_schema", "json_schema": {"name": "thing", "schema": JSON_SCHEMA}},
+        **({"logprobs": True, "top_logprobs": MARGIN_TOP} if margins is not None else {}),
     })
     results["openai_response_format"] = chat["choices"][0]["message"]["content"]
+    if margins is not None:
+        margins["openai_response_format"] = _chat_tokens(chat)
     chat_lp = post(url + "/v1/chat/completions", {
         "model": model, "messages": [{"role": "user", "content": PROMPTS[2]}],
         "temperature": 0, "max_tokens": 24, "logprobs": True, "top_logprobs": 2,
     })
-    results["openai_chat_logprobs"] = [
-        (t["token"], t["logprob"], [(x["token"], x["logprob"]) for x in t["top_logprobs"]])
-        for t in chat_lp["choices"][0]["logprobs"]["content"]]
+    results["openai_chat_logprobs"] = _chat_tokens(chat_lp)
     comp = post(url + "/v1/completions", {
         "model": model, "prompt": PROMPTS[5], "temperature": 0, "max_tokens": 24, "logprobs": 2,
         "stop": None,
     })
     results["openai_completion_logprobs"] = [comp["choices"][0]["text"],
                                              comp["choices"][0]["logprobs"]["token_logprobs"]]
-
-    # A stop string taken from the model's own text, mid-output.
-    probe_text = post(url + "/generate", _gen(PROMPTS[7], ignore_eos=True))["text"]
-    stop_str = probe_text[len(probe_text) // 2: len(probe_text) // 2 + 3]
-    results["stop_string"] = [stop_str, _answer(post(url + "/generate", _gen(PROMPTS[7], stop=[stop_str])))]
-    # The same cut by a stop regex (SGLang matches it on the decoded tail).
-    stop_regex = re.escape(stop_str[:2]) + r"[\s\S]"
-    results["stop_regex"] = [stop_regex, _answer(post(url + "/generate", _gen(PROMPTS[7], stop_regex=stop_regex)))]
+    if margins is not None:
+        lp = comp["choices"][0]["logprobs"]
+        margins["openai_completion_logprobs"] = [
+            (token, logprob, sorted(tops.items(), key=lambda kv: -kv[1]) if tops else [])
+            for token, logprob, tops in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"])]
 
     # A prompt longer than --chunked-prefill-size, then the same one again
     # (its prefix now comes from the radix cache).
     text = long_prompt()
-    first = post(url + "/generate", _gen(text, ignore_eos=True))
-    again = post(url + "/generate", _gen(text, ignore_eos=True))
-    results["long_prompt"] = [_answer(first), _answer(again)]
-    results["radix_cache_hit"] = again["meta_info"].get("cached_tokens", 0) > 0
+    metas = []
+    results["long_prompt"] = [answer("long_prompt", _gen(text, ignore_eos=True), metas) for _ in range(2)]
+    results["radix_cache_hit"] = metas[1].get("cached_tokens", 0) > 0
 
     # Streaming reassembles to the non-streaming answer (each chunk carries
     # the answer so far; it grows by whole verify steps).
@@ -243,8 +302,14 @@ def run_matrix(url: str, cases: dict, model: str) -> dict:
     # batch size and shrinks below it again.
     mixed = [_gen(PROMPTS[i % len(PROMPTS)] + f" # {i}", max_new_tokens=8 + 7 * (i % 8), ignore_eos=True)
              for i in range(16)]
-    results["concurrent_16"] = _generate_case(url, mixed)
+    results["concurrent_16"] = _generate_case(url, mixed, case_margins("concurrent_16"))
     return results
+
+
+def _chat_tokens(chat: dict) -> list:
+    """(token, logprob, top logprobs) of each token of an OpenAI chat answer."""
+    return [(t["token"], t["logprob"], [(x["token"], x["logprob"]) for x in t["top_logprobs"]])
+            for t in chat["choices"][0]["logprobs"]["content"]]
 
 
 def _abort_mid_stream(url: str) -> dict:

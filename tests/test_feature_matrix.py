@@ -96,9 +96,11 @@ def test_cases_exercise_what_they_name(plain):
     assert len(res["n_2"]) == 2
     assert len(res["logprobs_bs6"]) == 6 and all(len(a["output_top_logprobs"]) == 40 for a in res["logprobs_bs6"])
     assert res["logprobs_start_len"][0]["input_token_logprobs"]
-    stop_str, answer = res["stop_string"]
-    assert stop_str and stop_str not in answer["text"]
-    regex, answer = res["stop_regex"]
+    (stop_str,) = plain["cases"]["stop_string"][0]["sampling_params"]["stop"]
+    (answer,) = res["stop_string"]
+    assert stop_str and stop_str not in answer["text"] and answer["finish_reason"]["type"] == "stop"
+    regex = plain["cases"]["stop_regex"][0]["sampling_params"]["stop_regex"]
+    (answer,) = res["stop_regex"]
     assert answer["finish_reason"] == {"type": "stop", "matched": regex} and answer["completion_tokens"] < 40
     assert all(len(a["output_token_ids_logprobs"]) == 40 for a in res["token_ids_logprob"])
     assert len(res["concurrent_16"]) == 16

@@ -1,15 +1,20 @@
 """LOOKAHEAD against plain decoding and NGRAM, measured with ``sglang.bench_serving``.
 
-It starts one server per configuration (plain with and without overlap
-scheduling, NGRAM, LOOKAHEAD with its default cut-off of batch size 4 and
-with ``auto``; LOOKAHEAD one-branch on request), all side by side, and at
+Each round starts one server per configuration (plain with and without
+overlap scheduling, NGRAM, LOOKAHEAD with its default cut-off of batch size 4
+and with ``auto``; LOOKAHEAD one-branch on request), all side by side, and at
 each concurrency runs ``python -m sglang.bench_serving`` against them in
-turn, ``--rounds`` times in rotating order: a machine whose speed drifts
-(these VMs drift by up to 2x within an hour) then slows every configuration
-alike, and the figures are medians over the rounds. Every run (a concurrency
-and a round) sends prompts of its own, the same ones to every configuration,
-so no drafter has seen a run's answers before, while all of them keep what
-earlier runs taught them, as a serving system would. Every server
+turn, in an order that rotates from round to round: a machine whose speed
+drifts (these VMs drift by up to 2x within an hour) then slows every
+configuration alike, and the figures are medians over the rounds. The
+servers are started anew for every round (``--servers per-round``) because a
+process's speed is itself a draw: on CPU two processes of one configuration,
+same code and same requests, computed the same decode steps up to 7 % apart
+for their whole lives (docs/history.md), so with resident servers one draw
+biases every round alike. Every run (a concurrency and a round) sends prompts
+of its own, the same ones to every configuration, so no drafter has seen a
+run's answers before, while all of them keep what the round's earlier runs
+taught them, as a serving system would. Every server
 runs with ``--enable-metrics`` (it costs each step a little, so all pay it);
 after each run the script reads which path LOOKAHEAD's decode steps took
 (``sglang:lookahead_steps_total`` by path and reason) and the run's own accept
@@ -171,13 +176,15 @@ def reference(config: str, device: str):
 
 def markdown(results: list[dict], device: str) -> str:
     by_key = {(r["config"], r["concurrency"]): r for r in results}
-    lines = ["| config | concurrency | median TPOT (ms) | TPOT ratio | output tok/s | tok/s ratio | "
-             "tok/s vs best of plain and NGRAM | accept length | steps by path/reason |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| config | concurrency | median TPOT (ms) | TPOT ratio | TPOT ratio, paired by round | output tok/s | "
+             "tok/s ratio | tok/s vs best of plain and NGRAM | accept length | steps by path/reason |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         ref = reference(r["config"], device)
         p = by_key.get((ref, r["concurrency"]))
         tpot_ratio = f"{r['median_tpot_ms'] / p['median_tpot_ms']:.2f}x {ref}" if p else ""
+        paired = paired_tpot_ratio(r, p) if p else None
+        paired = f"{paired:.2f}x" if paired is not None else ""
         tput_ratio = f"{r['output_throughput'] / p['output_throughput']:.2f}x {ref}" if p else ""
         best = max((q for q in (p, by_key.get(("ngram", r["concurrency"]))) if q is not None),
                    key=lambda q: q["output_throughput"], default=None)
@@ -185,9 +192,18 @@ def markdown(results: list[dict], device: str) -> str:
                    if best is not None and r["config"].startswith("lookahead") else "")
         al = f"{r['accept_length']:.2f}" if r.get("accept_length") else "-"
         steps = ", ".join(f"{k} {int(v)}" for k, v in sorted(r.get("steps", {}).items()) if v)
-        lines.append(f"| {r['config']} | {r['concurrency']} | {r['median_tpot_ms']:.2f} | {tpot_ratio} | "
+        lines.append(f"| {r['config']} | {r['concurrency']} | {r['median_tpot_ms']:.2f} | {tpot_ratio} | {paired} | "
                      f"{r['output_throughput']:.1f} | {tput_ratio} | {vs_best} | {al} | {steps} |")
     return "\n".join(lines)
+
+
+def paired_tpot_ratio(row: dict, ref: dict):
+    """The median over rounds of each round's TPOT ratio to ``ref``'s: the two
+    runs of a round follow each other, so the machine's drift between rounds
+    cancels in each ratio, which it does not in a ratio of the two medians."""
+    pairs = [a["median_tpot_ms"] / b["median_tpot_ms"]
+             for a, b in zip(row.get("rounds", ()), ref.get("rounds", ())) if b["median_tpot_ms"]]
+    return statistics.median(pairs) if pairs else None
 
 
 def plot(results: list[dict], path: Path) -> bool:
@@ -228,6 +244,9 @@ def main(argv=None) -> int:
     ap.add_argument("--num-draft-tokens", type=int, default=8, help="verify width for NGRAM and LOOKAHEAD")
     ap.add_argument("--extra-server-args", default="", help="appended to every server's flags")
     ap.add_argument("--out-dir", default="artifacts/bench_serving")
+    ap.add_argument("--servers", choices=["per-round", "resident"], default="per-round",
+                    help="per-round: start every server anew for each round (the default; see the module's "
+                         "docstring); resident: one server per configuration for the whole run")
     args = ap.parse_args(argv)
 
     from lookahead.testing.server import SGLangServer
@@ -269,9 +288,11 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unknown config(s) {unknown}; choose from {', '.join(CONFIGS)}")
     results = []
-    with contextlib.ExitStack() as stack:
+    runs = {c: {config: [] for config in configs} for c in args.concurrency}
+
+    def start(stack: contextlib.ExitStack, order: list, r: int) -> dict:
         servers = {}
-        for config in configs:
+        for config in order:
             flags = list(CONFIGS[config])
             if config.startswith(("ngram", "lookahead")):
                 flags += ["--speculative-num-draft-tokens", str(args.num_draft_tokens)]
@@ -281,28 +302,35 @@ def main(argv=None) -> int:
             flags += ["--enable-metrics"]
             log(f"starting {config} server")
             servers[config] = stack.enter_context(
-                SGLangServer(model, base_args + flags, env, out_dir / f"server_{config}.log"))
+                SGLangServer(model, base_args + flags, env, out_dir / f"server_{config}_r{r}.log"))
             # Warm-up (first-call compilation, allocator growth), not recorded.
-            run_bench(servers[config].url, model, warmup, 2, 4, 16, out_dir / f"warmup_{config}.jsonl", env)
-        total = len(configs) * len(args.concurrency) * args.rounds
-        done = 0
+            run_bench(servers[config].url, model, warmup, 2, 4, 16, out_dir / f"warmup_{config}_r{r}.jsonl", env)
+        return servers
+
+    total = len(configs) * len(args.concurrency) * args.rounds
+    done = 0
+    with contextlib.ExitStack() as resident:
+        servers = start(resident, configs, 0) if args.servers == "resident" else None
+        for r in range(args.rounds):
+            order = configs[r % len(configs):] + configs[: r % len(configs)]
+            with contextlib.ExitStack() as this_round:
+                if args.servers == "per-round":
+                    servers = start(this_round, order, r)
+                for c in args.concurrency:
+                    n = sizes[c]
+                    prompts = dataset(n, f"c{c}_r{r}")
+                    for config in order:
+                        t0 = time.time()
+                        rec = run_bench(servers[config].url, model, prompts, c, n, args.output_len,
+                                        out_dir / f"bench_{config}_c{c}_r{r}.jsonl", env)
+                        runs[c][config].append(rec)
+                        done += 1
+                        log(f"[{done}/{total}] {config} c={c} round {r}: TPOT {rec['median_tpot_ms']:.2f} ms, "
+                            f"{rec['output_throughput']:.1f} tok/s, accept {rec.get('accept_length')} "
+                            f"({time.time() - t0:.0f} s)")
         for c in args.concurrency:
-            n = sizes[c]
-            runs = {config: [] for config in configs}
-            for r in range(args.rounds):
-                prompts = dataset(n, f"c{c}_r{r}")
-                for config in configs[r % len(configs):] + configs[: r % len(configs)]:
-                    url = servers[config].url
-                    t0 = time.time()
-                    rec = run_bench(url, model, prompts, c, n, args.output_len,
-                                    out_dir / f"bench_{config}_c{c}_r{r}.jsonl", env)
-                    runs[config].append(rec)
-                    done += 1
-                    log(f"[{done}/{total}] {config} c={c} round {r}: TPOT {rec['median_tpot_ms']:.2f} ms, "
-                        f"{rec['output_throughput']:.1f} tok/s, accept {rec.get('accept_length')} "
-                        f"({time.time() - t0:.0f} s)")
             for config in configs:
-                recs = runs[config]
+                recs = runs[c][config]
                 steps = collections.Counter()
                 for rec in recs:
                     steps.update(rec["steps"])

@@ -41,6 +41,9 @@ def test_cpu_server_args_overrides():
     assert "--sleep-on-idle" not in args and args[-1] == "--enable-metrics"
     assert args[args.index("--device") + 1] == "cpu" and "--disable-cuda-graph" in args
     assert cpu_server_args() == CPU_SERVER_ARGS
+    # 0 is a value, not "leave the flag out" (0 == False in Python).
+    zero = cpu_server_args(priority_scheduling_preemption_threshold=0)
+    assert zero[zero.index("--priority-scheduling-preemption-threshold") + 1] == "0"
     kwargs = cpu_engine_kwargs(speculative_algorithm="NGRAM")
     assert kwargs["attention_backend"] == "intel_amx" and kwargs["speculative_algorithm"] == "NGRAM"
 

@@ -165,7 +165,7 @@ def cpu_server_args(**overrides) -> list[str]:
             del args[i : i + (1 if bare else 2)]
         if value is True:
             args.append(flag)
-        elif value not in (False, None):
+        elif value is not False and value is not None:  # 0 is a value (0 == False)
             args += [flag, str(value)]
     return args
 

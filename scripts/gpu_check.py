@@ -234,7 +234,8 @@ EAGLE_RELAXED = {"frequency_penalty", "presence_penalty", "repetition_penalty", 
 def model_dtype(model_path: str, server_args: list) -> str:
     """The dtype the servers run the model in: ``--dtype``, else its config's."""
     if "--dtype" in server_args and server_args[server_args.index("--dtype") + 1] != "auto":
-        return server_args[server_args.index("--dtype") + 1]
+        dtype = server_args[server_args.index("--dtype") + 1]
+        return {"half": "float16", "float": "float32"}.get(dtype, dtype)  # SGLang's aliases
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model_path)

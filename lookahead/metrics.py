@@ -45,6 +45,13 @@ class LookaheadMetrics:
             "custom_logit_processor: a request of the batch has one).",
             names + ["path", "reason"],
         )
+        self.overlap_waits = Counter(
+            "sglang:lookahead_overlap_waits",
+            "Decode steps, by reason, that read the previous step's accepted tokens back "
+            "to the host under overlap scheduling, waiting for its forward (a step that "
+            "drafts does; one that drafts nothing does not).",
+            names + ["reason"],
+        )
         self.prompt_tokens = Counter(
             "sglang:lookahead_prompt_tokens_indexed",
             "Prompt tokens indexed into the trie.",
@@ -73,6 +80,8 @@ class LookaheadMetrics:
             if child is None:
                 child = self._steps[key] = self.steps.labels(**self._labels, path=key[0], reason=key[1])
             child.inc()
+            if fields.get("waited"):
+                self.overlap_waits.labels(**self._labels, reason=key[1]).inc()
             self._maybe_refresh_trie()
         elif event == "draft":
             self._draft_seconds.observe(fields["seconds"])

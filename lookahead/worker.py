@@ -101,6 +101,7 @@ class LookaheadWorker(NGRAMWorker):
         self.plan = WidthPlan(self.speculative_num_draft_tokens, self.args.speculation_bound, free_width=_is_cpu)
         self.tiers: Optional[VerifyTiers] = None
         self._step = None  # (width, reason, expected drafts) of the decode step being run
+        self._waited = False  # the step read the previous step's tokens back (overlap)
         # --speculative-lookahead-max-batch-size auto: measured per step.
         self.policy = StepPolicy(self.args.speculation_bound, local_costs=self.tp_size == 1) \
             if self.args.adaptive else None
@@ -199,7 +200,7 @@ class LookaheadWorker(NGRAMWorker):
             # next step is laid out at the full width, so batches merge.
             result.speculative_output_stride = width
             result.next_draft_input = self._full_width(result.next_draft_input, width)
-            self.stats.record_step(width, bool(result.can_run_cuda_graph), reason)
+            self.stats.record_step(width, bool(result.can_run_cuda_graph), reason, self._waited)
             if self.policy is not None:
                 self._expected.append(expected)
                 self._timed = (len(batch.reqs), width > 1, self._timed[2])
@@ -227,33 +228,67 @@ class LookaheadWorker(NGRAMWorker):
 
     # -- drafting ----------------------------------------------------------------
 
-    def _pending_tokens(self, batch: ScheduleBatch) -> Optional[list]:
-        """Per request, the previous step's accepted tokens that are not in
-        ``output_ids`` yet: under overlap scheduling results are processed one
-        step late (NGRAM's splice; grammar batches are processed in time)."""
+    def _late_tokens(self, batch: ScheduleBatch) -> Optional[tuple]:
+        """``(accept_tokens, accept_lens)`` of the previous step, on the device,
+        where they are not in ``output_ids`` yet: under overlap scheduling
+        results are processed one step late (NGRAM's splice; grammar batches
+        are processed in time)."""
         if not self.enable_overlap or batch.grammar_needs_sync() or batch.spec_info is None:
             return None
         tokens, lens = batch.spec_info.accept_tokens, batch.spec_info.accept_lens
         if tokens is None or lens is None:
             return None
-        tokens, lens = tokens.cpu().tolist(), lens.cpu().tolist()
+        return tokens, lens
+
+    @staticmethod
+    def _pending_tokens(late: Optional[tuple]) -> Optional[list]:
+        """Per request, the late tokens as host lists: a wait for the previous
+        step's forward, which only a step that drafts (or counts penalties) pays."""
+        if late is None:
+            return None
+        tokens, lens = late[0].cpu().tolist(), late[1].cpu().tolist()
         stride = len(tokens) // max(1, len(lens))
         return [tokens[i * stride: i * stride + n] for i, n in enumerate(lens)]
 
+    @staticmethod
+    def _late_roots(late: tuple) -> torch.Tensor:
+        """Each request's last late token, gathered on the device: the root of
+        a width-1 step under overlap, read without waiting for the previous
+        forward, as plain decoding reads its next input. Every relayed row
+        holds at least one token (a prefill's first, or a verify's bonus)."""
+        tokens, lens = late
+        bs = lens.shape[0]
+        last = (lens.to(torch.int64) - 1).clamp_min(0).view(bs, 1)
+        return tokens.view(bs, -1).gather(1, last).view(bs).to(torch.int64)
+
     def _prepare_draft_tokens(self, batch: ScheduleBatch) -> tuple:
         """The step's trees: ``(tokens [bs * W], ancestor mask [bs * W * W])``,
-        with the width and reason recorded in ``self._step``."""
+        with the width and reason recorded in ``self._step``. A step that
+        drafts nothing under overlap returns its roots as a device tensor and
+        no mask (width 1): it reads nothing back from the device."""
         bs = len(batch.reqs)
-        pending = self._pending_tokens(batch)
+        late = self._late_tokens(batch)
         # "fallback": above the max batch size nothing is drafted; outputs
         # reach the trie when speculation resumes, or when the request ends.
         reason, drafts, expected = "fallback", None, None
         speculates = self.plan.speculates(bs)
+        drafting = speculates and (self.policy is None or self.policy.wants_drafts(bs))
         if speculates and batch.sampling_info.has_custom_logit_processor:
             # A processor sees a request's committed output (``__req__``), not a
             # tree node's path: such a batch decodes one token per request.
-            reason = "custom_logit_processor"
-        elif speculates and (self.policy is None or self.policy.wants_drafts(bs)):
+            reason, drafting = "custom_logit_processor", False
+        counts_penalties = getattr(batch.sampling_info, sglang_hooks.PENALTY_SNAPSHOT_ATTR, None) is not None
+        if late is not None and not drafting and not counts_penalties and not batch.has_grammar:
+            if self.policy is not None and reason != "custom_logit_processor":
+                reason = self.policy.decide(bs, None).reason
+            self._step = (FALLBACK_WIDTH, reason, None)
+            self._waited = False
+            self._penalty_uncounted = None
+            self._trees = None
+            return self._late_roots(late), None
+        pending = self._pending_tokens(late)
+        self._waited = pending is not None
+        if drafting:
             contexts = [self._context(req, pending[i] if pending is not None else ())
                         for i, req in enumerate(batch.reqs)]
             drafts = self._draft(batch, contexts, pending)
@@ -269,9 +304,7 @@ class LookaheadWorker(NGRAMWorker):
         width = self.plan.width(bs, max(len(d) for d in drafts) if drafts is not None else 0)
         trees = pack_drafts(drafts or [_NO_DRAFT] * bs, roots, width)
         self._step = (width, reason, expected if drafts is not None else None)
-        self._penalty_uncounted = None
-        if getattr(batch.sampling_info, sglang_hooks.PENALTY_SNAPSHOT_ATTR, None) is not None:
-            self._penalty_uncounted = self._uncounted(batch, pending)
+        self._penalty_uncounted = self._uncounted(batch, pending) if counts_penalties else None
         self._trees = trees
         return trees.tokens, trees.mask
 
@@ -322,7 +355,7 @@ class LookaheadWorker(NGRAMWorker):
             return
         bs = len(batch.reqs)
         tokens, mask = self._prepare_draft_tokens(batch)
-        width = self._trees.width
+        width = self._step[0]
         self.draft_token_num = width  # NGRAMWorker's verify flow reads the step's width here
         if self.tiers is not None:
             self.tiers.activate(width)
@@ -332,9 +365,13 @@ class LookaheadWorker(NGRAMWorker):
         n = bs * width
         buf = self._buffers
         draft_tokens = buf["tokens"][:n]
-        draft_tokens.copy_(torch.from_numpy(tokens), non_blocking=True)
         tree_mask = buf["tree_mask"][: n * width]
-        tree_mask.copy_(torch.from_numpy(mask), non_blocking=True)
+        if mask is None:  # the roots, on the device already (width 1)
+            draft_tokens.copy_(tokens)
+            tree_mask.fill_(True)
+        else:
+            draft_tokens.copy_(torch.from_numpy(tokens), non_blocking=True)
+            tree_mask.copy_(torch.from_numpy(mask), non_blocking=True)
         positions = buf["positions"][:n]
         retrieve_index = buf["retrieve_index"][:n].view(bs, width)
         retrieve_next_token = buf["next_token"][:n].view(bs, width)
@@ -386,7 +423,7 @@ class LookaheadWorker(NGRAMWorker):
             retrieve_next_token=retrieve_next_token,
             retrieve_next_sibling=retrieve_next_sibling,
             draft_token_num=width,
-            is_chain=self._trees.is_chain,
+            is_chain=self._trees is None or self._trees.is_chain,
             penalty_inputs=penalty_inputs,
         )
 

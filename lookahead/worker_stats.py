@@ -9,6 +9,11 @@ matched; ``fallback``: the batch is larger than
 ``custom_logit_processor``: a request of the batch has one; with
 ``auto``, the decision's reason: ``pays``, ``does_not_pay``, ``explore``,
 ``no_draft``, ``too_large``).
+Under overlap scheduling a step that drafts (or counts penalties over its
+tree) reads the previous step's accepted tokens back to the host first, and
+so waits for that step's forward; such steps are counted by reason too
+(``overlap_waits``). A step that drafts nothing reads its roots on the
+device and never waits, as plain decoding does not.
 Acceptance is recorded from the CPU copy the scheduler already makes, so
 keeping these figures costs no device synchronisation.
 """
@@ -29,6 +34,7 @@ class StepStats:
         self.log_interval_s = log_interval_s
         self.paths: Counter = Counter()  # one of PATHS
         self.reasons: Counter = Counter()  # verify / fallback / no_draft
+        self.overlap_waits: Counter = Counter()  # by reason: steps that waited for the previous forward
         self.verify_steps = 0
         self.accepted_tokens = 0  # committed tokens over all decode steps (drafts + bonus)
         self.decode_steps = 0  # decode steps whose acceptance was reported
@@ -40,13 +46,15 @@ class StepStats:
         self._window = Counter()
         self.listeners = []  # callables(event, **fields), e.g. Prometheus metrics
 
-    def record_step(self, width: int, graph: bool, reason: str) -> None:
+    def record_step(self, width: int, graph: bool, reason: str, waited: bool = False) -> None:
         path = f"{'verify' if width > 1 else 'single'}-{'graph' if graph else 'eager'}"
         self.paths[path] += 1
         self.reasons[reason] += 1
         self._window[reason] += 1
+        if waited:
+            self.overlap_waits[reason] += 1
         for listener in self.listeners:
-            listener("step", path=path, reason=reason)
+            listener("step", path=path, reason=reason, waited=waited)
 
     def record_draft(self, seconds: float, drafted: int, requests: int) -> None:
         self.draft_seconds += seconds
@@ -75,6 +83,7 @@ class StepStats:
         return {
             "steps": dict(self.paths),
             "step_reasons": dict(self.reasons),
+            "overlap_waits": dict(self.overlap_waits),
             "accept_length": self.accept_length,
             "accepted_drafts_histogram": dict(sorted(self.accept_hist.items())),
             "draft_us_per_call": 1e6 * self.draft_seconds / self.draft_calls if self.draft_calls else 0.0,

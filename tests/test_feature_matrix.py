@@ -138,6 +138,16 @@ def test_speculation_ran_on_the_intended_paths(lookahead):
         assert steps(reason="fallback") > 0
         assert steps(path="verify-eager", reason="fallback") == 0
     assert _metric(m, "sglang:lookahead_accept_length_sum") > _metric(m, "sglang:lookahead_accept_length_count")
+    waits = lambda **labels: _metric(m, "sglang:lookahead_overlap_waits_total", **labels)  # noqa: E731
+    if lookahead["name"] == "overlap":
+        # A drafting step reads the previous step's tokens back (NGRAM's splice);
+        # a step that drafts nothing takes its roots on the device and does not
+        # wait for the previous forward, as plain decoding's overlap does not.
+        assert waits(reason="verify") > 0
+        assert steps(reason="fallback") > 0 and waits(reason="fallback") == 0
+        assert waits(reason="custom_logit_processor") == 0
+    else:
+        assert waits() == 0  # nothing is read late without overlap
 
 
 def test_no_server_error(lookahead):

@@ -63,3 +63,20 @@ def test_a_rewound_output_is_not_fed_again():
     assert given == [3, 4, 5, 9]
     feed.finish("r")
     cache.close()
+
+
+def test_late_roots_on_the_device_are_the_last_pending_tokens():
+    """A width-1 step under overlap reads each request's root on the device;
+    it is the last of the tokens a drafting step reads back to the host."""
+    import torch
+
+    from lookahead.worker import LookaheadWorker
+
+    gen = torch.Generator().manual_seed(0)
+    for bs, stride in ((1, 1), (3, 4), (9, 8)):
+        tokens = torch.randint(0, 50_000, (bs * stride,), generator=gen, dtype=torch.int32)
+        lens = torch.randint(1, stride + 1, (bs,), generator=gen, dtype=torch.int32)
+        late = (tokens, lens)
+        roots = LookaheadWorker._late_roots(late)
+        assert roots.dtype == torch.int64 and roots.shape == (bs,)
+        assert roots.tolist() == [rows[-1] for rows in LookaheadWorker._pending_tokens(late)]

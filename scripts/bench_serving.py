@@ -133,6 +133,7 @@ def run_bench(url: str, model: str, dataset: Path, concurrency: int, num_prompts
     rec = json.loads(out_file.read_text().splitlines()[-1])
     after = server_counters(url)
     rec["steps"] = {k: v - before["steps"].get(k, 0) for k, v in after["steps"].items()}
+    rec["overlap_waits"] = {k: v - before["overlap_waits"].get(k, 0) for k, v in after["overlap_waits"].items()}
     calls = after["verify_calls"] - before["verify_calls"]
     rec["accept_length"] = (after["generated"] - before["generated"]) / calls if calls > 0 else None
     return rec
@@ -140,13 +141,14 @@ def run_bench(url: str, model: str, dataset: Path, concurrency: int, num_prompts
 
 def server_counters(url: str) -> dict:
     """From the server's /metrics (all zero without ``--enable-metrics``):
-    ``steps``, ``sglang:lookahead_steps_total`` by "path/reason"; ``generated``
-    and ``verify_calls``, the tokens and speculative verify calls of the
-    requests finished so far."""
+    ``steps``, ``sglang:lookahead_steps_total`` by "path/reason";
+    ``overlap_waits``, ``sglang:lookahead_overlap_waits_total`` by reason;
+    ``generated`` and ``verify_calls``, the tokens and speculative verify calls
+    of the requests finished so far."""
     import urllib.error
     import urllib.request
 
-    counters = {"steps": {}, "generated": 0.0, "verify_calls": 0.0}
+    counters = {"steps": {}, "overlap_waits": {}, "generated": 0.0, "verify_calls": 0.0}
     try:
         with urllib.request.urlopen(url + "/metrics", timeout=60) as r:
             text = r.read().decode()
@@ -155,10 +157,14 @@ def server_counters(url: str) -> dict:
     totals = {"sglang:generation_tokens_total": "generated", "sglang:spec_verify_calls_total": "verify_calls"}
     for line in text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name == "sglang:lookahead_steps_total":
-            labels = dict(part.split("=", 1) for part in line[line.index("{") + 1: line.index("}")].split(","))
-            key = f"{labels['path'].strip(chr(34))}/{labels['reason'].strip(chr(34))}"
-            counters["steps"][key] = counters["steps"].get(key, 0) + float(line.rsplit(" ", 1)[1])
+        if name in ("sglang:lookahead_steps_total", "sglang:lookahead_overlap_waits_total"):
+            labels = {k: v.strip('"') for k, v in
+                      (part.split("=", 1) for part in line[line.index("{") + 1: line.index("}")].split(","))}
+            if name == "sglang:lookahead_steps_total":
+                into, key = counters["steps"], f"{labels['path']}/{labels['reason']}"
+            else:
+                into, key = counters["overlap_waits"], labels["reason"]
+            into[key] = into.get(key, 0) + float(line.rsplit(" ", 1)[1])
         elif name in totals:
             counters[totals[name]] += float(line.rsplit(" ", 1)[1])
     return counters
@@ -192,6 +198,8 @@ def markdown(results: list[dict], device: str) -> str:
                    if best is not None and r["config"].startswith("lookahead") else "")
         al = f"{r['accept_length']:.2f}" if r.get("accept_length") else "-"
         steps = ", ".join(f"{k} {int(v)}" for k, v in sorted(r.get("steps", {}).items()) if v)
+        waits = ", ".join(f"{k} {int(v)}" for k, v in sorted(r.get("overlap_waits", {}).items()) if v)
+        steps += f" (waited for the previous step under overlap: {waits})" if waits else ""
         lines.append(f"| {r['config']} | {r['concurrency']} | {r['median_tpot_ms']:.2f} | {tpot_ratio} | {paired} | "
                      f"{r['output_throughput']:.1f} | {tput_ratio} | {vs_best} | {al} | {steps} |")
     return "\n".join(lines)
@@ -331,9 +339,10 @@ def main(argv=None) -> int:
         for c in args.concurrency:
             for config in configs:
                 recs = runs[c][config]
-                steps = collections.Counter()
+                steps, waits = collections.Counter(), collections.Counter()
                 for rec in recs:
                     steps.update(rec["steps"])
+                    waits.update(rec["overlap_waits"])
                 als = [rec["accept_length"] for rec in recs if rec.get("accept_length")]
                 results.append({"config": config, "concurrency": c,
                                 "median_tpot_ms": statistics.median([rec["median_tpot_ms"] for rec in recs]),
@@ -342,7 +351,7 @@ def main(argv=None) -> int:
                                 "completed": sum(rec["completed"] for rec in recs),
                                 "rounds": [{"median_tpot_ms": rec["median_tpot_ms"],
                                             "output_throughput": rec["output_throughput"]} for rec in recs],
-                                "steps": dict(steps)})
+                                "steps": dict(steps), "overlap_waits": dict(waits)})
     results.sort(key=lambda r: (configs.index(r["config"]), r["concurrency"]))
 
     table = markdown(results, args.device)

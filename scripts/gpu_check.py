@@ -12,7 +12,9 @@ What only a GPU can show, on the user's own model:
 2. **Speed**: ``python -m sglang.bench_serving`` at concurrency 1, 4 and 16
    for plain, NGRAM, LOOKAHEAD and LOOKAHEAD with ``--speculative-lookahead-max-batch-size
    auto``, with LOOKAHEAD's steps by path (tier ``verify``/``single``,
-   ``graph``/``eager``) and reason from its ``/metrics``.
+   ``graph``/``eager``) and reason from its ``/metrics``, and the steps that
+   waited for the previous forward under overlap (only drafting steps may:
+   a step that drafts nothing takes its roots on the device).
 
 3. **LOOKAHEAD + EAGLE** (with ``--draft-model-path``, an EAGLE/EAGLE3 head
    for the model): the matrix for EAGLE alone, then for EAGLE with
@@ -118,9 +120,9 @@ def main(argv=None) -> int:
             steps = rec["steps"]
             rows.append({"config": name, "concurrency": c, "median_tpot_ms": rec["median_tpot_ms"],
                          "output_throughput": rec["output_throughput"], "accept_length": rec.get("accept_length"),
-                         "steps": steps})
+                         "steps": steps, "overlap_waits": rec["overlap_waits"]})
             log(f"{name} c={c}: TPOT {rec['median_tpot_ms']:.2f} ms, {rec['output_throughput']:.0f} tok/s, "
-                f"steps {steps}")
+                f"steps {steps}, waited under overlap {rec['overlap_waits']}")
 
     def serve(name, flags):
         log(f"starting {name}")
@@ -169,8 +171,12 @@ def main(argv=None) -> int:
             failures.append(f"{name}: the server stopped serving after an abort")
         if not name.startswith("lookahead"):
             return
-        steps = bench.server_counters(server.url)["steps"]
-        log(f"{name} matrix steps by path/reason: {steps}")
+        counters = bench.server_counters(server.url)
+        steps, waits = counters["steps"], counters["overlap_waits"]
+        log(f"{name} matrix steps by path/reason: {steps}; waited under overlap, by reason: {waits}")
+        # Under overlap a step that drafts nothing takes its roots on the device.
+        if any(waits.get(reason) for reason in ("fallback", "custom_logit_processor")):
+            failures.append(f"{name}: steps that drafted nothing waited for the previous forward: {waits}")
         wide_single = {k: v for k, v in steps.items() if k.startswith("verify-") and
                        k.split("/")[1] in ("fallback", "does_not_pay", "too_large", "no_draft")}
         if any(wide_single.values()):
@@ -211,6 +217,11 @@ def report(rows, failures, out=Path("artifacts/gpu_check"), graphs=True, compare
         eager = sum(v for k, v in row["steps"].items() if "-eager/" in k)
         if graphs and row["config"].startswith("lookahead") and eager:
             failures.append(f"{row['config']} c={row['concurrency']}: {eager} eager steps where graphs were captured")
+        waited = {k: v for k, v in row.get("overlap_waits", {}).items()
+                  if v and k in ("fallback", "custom_logit_processor")}
+        if waited:
+            failures.append(f"{row['config']} c={row['concurrency']}: steps that drafted nothing waited for the "
+                            f"previous forward under overlap: {waited}")
     print()
     if failures:
         print(f"FAILED ({len(failures)}):")

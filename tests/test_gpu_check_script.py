@@ -44,3 +44,22 @@ def test_gpu_check_runs_its_lookahead_configuration_on_cpu(tiny_model, tmp_path)
     assert row["accept_length"] is not None and 1.0 <= row["accept_length"] <= 8.0, row
     compared = [line for line in proc.stdout.splitlines() if line.split()[1:2] == ["lookahead"]]
     assert sum("identical" in line for line in compared) >= 20, compared
+    assert row["overlap_waits"] == {}, row  # no overlap scheduling on CPU: nothing is read late
+
+
+def test_report_fails_a_step_that_drafted_nothing_but_waited(tmp_path, capsys):
+    """On a GPU (overlap on) a fallback step takes its roots on the device; one
+    that read the previous step's tokens back is on a path the design does
+    not intend, and the report says so."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    row = {"config": "lookahead", "concurrency": 16, "median_tpot_ms": 10.0, "output_throughput": 100.0,
+           "accept_length": 1.2, "steps": {"single-graph/fallback": 90, "verify-graph/verify": 10}}
+    drafted = {**row, "overlap_waits": {"verify": 10}}
+    assert gpu_check.report([drafted], [], tmp_path) == 0
+    waited = {**row, "overlap_waits": {"verify": 10, "fallback": 3}}
+    assert gpu_check.report([waited], [], tmp_path) == 1
+    assert "steps that drafted nothing waited for the previous forward" in capsys.readouterr().out

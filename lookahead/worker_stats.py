@@ -12,8 +12,8 @@ matched; ``fallback``: the batch is larger than
 Under overlap scheduling a step that drafts (or counts penalties over its
 tree) reads the previous step's accepted tokens back to the host first, and
 so waits for that step's forward; such steps are counted by reason too
-(``overlap_waits``). A step that drafts nothing reads its roots on the
-device and never waits, as plain decoding does not.
+(``overlap_waits``). A step that drafts nothing takes its roots on the
+device and reads nothing back.
 Acceptance is recorded from the CPU copy the scheduler already makes, so
 keeping these figures costs no device synchronisation.
 """

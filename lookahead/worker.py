@@ -100,8 +100,8 @@ class LookaheadWorker(NGRAMWorker):
         self.tp_size = get_parallel().tp_size
         self.plan = WidthPlan(self.speculative_num_draft_tokens, self.args.speculation_bound, free_width=_is_cpu)
         self.tiers: Optional[VerifyTiers] = None
-        self._step = None  # (width, reason, expected drafts) of the decode step being run
-        self._waited = False  # the step read the previous step's tokens back (overlap)
+        # (width, reason, expected drafts, read the previous step's tokens back) of the decode step being run
+        self._step = None
         # --speculative-lookahead-max-batch-size auto: measured per step.
         self.policy = StepPolicy(self.args.speculation_bound, local_costs=self.tp_size == 1) \
             if self.args.adaptive else None
@@ -195,12 +195,12 @@ class LookaheadWorker(NGRAMWorker):
             reset_counts(batch.reqs)  # a prefill gives the requests fresh penalizer rows
         result = super().forward_batch_generation(batch, on_publish=on_publish, pp_proxy_tensors=pp_proxy_tensors)
         if self._step is not None:
-            width, reason, expected = self._step
+            width, reason, expected, waited = self._step
             # Rows of this step's tokens are `width` wide; what relays to the
             # next step is laid out at the full width, so batches merge.
             result.speculative_output_stride = width
             result.next_draft_input = self._full_width(result.next_draft_input, width)
-            self.stats.record_step(width, bool(result.can_run_cuda_graph), reason, self._waited)
+            self.stats.record_step(width, bool(result.can_run_cuda_graph), reason, waited)
             if self.policy is not None:
                 self._expected.append(expected)
                 self._timed = (len(batch.reqs), width > 1, self._timed[2])
@@ -281,13 +281,11 @@ class LookaheadWorker(NGRAMWorker):
         if late is not None and not drafting and not counts_penalties and not batch.has_grammar:
             if self.policy is not None and reason != "custom_logit_processor":
                 reason = self.policy.decide(bs, None).reason
-            self._step = (FALLBACK_WIDTH, reason, None)
-            self._waited = False
+            self._step = (FALLBACK_WIDTH, reason, None, False)
             self._penalty_uncounted = None
             self._trees = None
             return self._late_roots(late), None
         pending = self._pending_tokens(late)
-        self._waited = pending is not None
         if drafting:
             contexts = [self._context(req, pending[i] if pending is not None else ())
                         for i, req in enumerate(batch.reqs)]
@@ -303,7 +301,7 @@ class LookaheadWorker(NGRAMWorker):
                  for i, req in enumerate(batch.reqs)]
         width = self.plan.width(bs, max(len(d) for d in drafts) if drafts is not None else 0)
         trees = pack_drafts(drafts or [_NO_DRAFT] * bs, roots, width)
-        self._step = (width, reason, expected if drafts is not None else None)
+        self._step = (width, reason, expected if drafts is not None else None, pending is not None)
         self._penalty_uncounted = self._uncounted(batch, pending) if counts_penalties else None
         self._trees = trees
         return trees.tokens, trees.mask

@@ -68,6 +68,7 @@ def test_a_rewound_output_is_not_fed_again():
 def test_late_roots_on_the_device_are_the_last_pending_tokens():
     """A width-1 step under overlap reads each request's root on the device;
     it is the last of the tokens a drafting step reads back to the host."""
+    import sglang_args  # noqa: F401  (the worker imports sgl_kernel: the CPU stand-in on sys.path)
     import torch
 
     from lookahead.worker import LookaheadWorker

@@ -174,8 +174,7 @@ def main(argv=None) -> int:
         counters = bench.server_counters(server.url)
         steps, waits = counters["steps"], counters["overlap_waits"]
         log(f"{name} matrix steps by path/reason: {steps}; waited under overlap, by reason: {waits}")
-        # Under overlap a step that drafts nothing takes its roots on the device.
-        if any(waits.get(reason) for reason in ("fallback", "custom_logit_processor")):
+        if waited_without_drafts(waits):
             failures.append(f"{name}: steps that drafted nothing waited for the previous forward: {waits}")
         wide_single = {k: v for k, v in steps.items() if k.startswith("verify-") and
                        k.split("/")[1] in ("fallback", "does_not_pay", "too_large", "no_draft")}
@@ -208,6 +207,12 @@ def main(argv=None) -> int:
     return report(rows, failures, out, graphs, compare)
 
 
+def waited_without_drafts(waits: dict) -> dict:
+    """The overlap read-backs (by step reason) of steps that drafted nothing:
+    under overlap such a step takes its roots on the device, so any is a fault."""
+    return {k: v for k, v in waits.items() if v and k in ("fallback", "custom_logit_processor")}
+
+
 def report(rows, failures, out=Path("artifacts/gpu_check"), graphs=True, compare=None) -> int:
     print()
     print(bench.markdown(rows, "cuda"))
@@ -217,8 +222,7 @@ def report(rows, failures, out=Path("artifacts/gpu_check"), graphs=True, compare
         eager = sum(v for k, v in row["steps"].items() if "-eager/" in k)
         if graphs and row["config"].startswith("lookahead") and eager:
             failures.append(f"{row['config']} c={row['concurrency']}: {eager} eager steps where graphs were captured")
-        waited = {k: v for k, v in row.get("overlap_waits", {}).items()
-                  if v and k in ("fallback", "custom_logit_processor")}
+        waited = waited_without_drafts(row.get("overlap_waits", {}))
         if waited:
             failures.append(f"{row['config']} c={row['concurrency']}: steps that drafted nothing waited for the "
                             f"previous forward under overlap: {waited}")

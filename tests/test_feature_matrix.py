@@ -141,8 +141,8 @@ def test_speculation_ran_on_the_intended_paths(lookahead):
     waits = lambda **labels: _metric(m, "sglang:lookahead_overlap_waits_total", **labels)  # noqa: E731
     if lookahead["name"] == "overlap":
         # A drafting step reads the previous step's tokens back (NGRAM's splice);
-        # a step that drafts nothing takes its roots on the device and does not
-        # wait for the previous forward, as plain decoding's overlap does not.
+        # a step that drafts nothing takes its roots on the device and reads
+        # nothing back.
         assert waits(reason="verify") > 0
         assert steps(reason="fallback") > 0 and waits(reason="fallback") == 0
         assert waits(reason="custom_logit_processor") == 0

@@ -111,6 +111,10 @@ def build_dataset(n: int, seed: int = 0) -> list[dict]:
             for i, (q, a) in enumerate(rows)]
 
 
+# LOOKAHEAD's labelled step counters, per run: "path/reason" -> steps, reason -> overlap read-backs.
+COUNTERS = ("steps", "overlap_waits")
+
+
 def run_bench(url: str, model: str, dataset: Path, concurrency: int, num_prompts: int, output_len: int,
               out_file: Path, env: dict) -> dict:
     """One ``sglang.bench_serving`` run: its JSON record, with ``accept_length`` and
@@ -132,8 +136,8 @@ def run_bench(url: str, model: str, dataset: Path, concurrency: int, num_prompts
         raise RuntimeError(f"bench_serving failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
     rec = json.loads(out_file.read_text().splitlines()[-1])
     after = server_counters(url)
-    rec["steps"] = {k: v - before["steps"].get(k, 0) for k, v in after["steps"].items()}
-    rec["overlap_waits"] = {k: v - before["overlap_waits"].get(k, 0) for k, v in after["overlap_waits"].items()}
+    for counter in COUNTERS:  # this run's own, as differences of the server's totals
+        rec[counter] = {k: v - before[counter].get(k, 0) for k, v in after[counter].items()}
     calls = after["verify_calls"] - before["verify_calls"]
     rec["accept_length"] = (after["generated"] - before["generated"]) / calls if calls > 0 else None
     return rec
@@ -197,8 +201,8 @@ def markdown(results: list[dict], device: str) -> str:
         vs_best = (f"{r['output_throughput'] / best['output_throughput']:.2f}x {best['config']}"
                    if best is not None and r["config"].startswith("lookahead") else "")
         al = f"{r['accept_length']:.2f}" if r.get("accept_length") else "-"
-        steps = ", ".join(f"{k} {int(v)}" for k, v in sorted(r.get("steps", {}).items()) if v)
-        waits = ", ".join(f"{k} {int(v)}" for k, v in sorted(r.get("overlap_waits", {}).items()) if v)
+        steps, waits = (", ".join(f"{k} {int(v)}" for k, v in sorted(r.get(counter, {}).items()) if v)
+                        for counter in COUNTERS)
         steps += f" (waited for the previous step under overlap: {waits})" if waits else ""
         lines.append(f"| {r['config']} | {r['concurrency']} | {r['median_tpot_ms']:.2f} | {tpot_ratio} | {paired} | "
                      f"{r['output_throughput']:.1f} | {tput_ratio} | {vs_best} | {al} | {steps} |")
@@ -339,10 +343,10 @@ def main(argv=None) -> int:
         for c in args.concurrency:
             for config in configs:
                 recs = runs[c][config]
-                steps, waits = collections.Counter(), collections.Counter()
+                totals = {counter: collections.Counter() for counter in COUNTERS}
                 for rec in recs:
-                    steps.update(rec["steps"])
-                    waits.update(rec["overlap_waits"])
+                    for counter in COUNTERS:
+                        totals[counter].update(rec[counter])
                 als = [rec["accept_length"] for rec in recs if rec.get("accept_length")]
                 results.append({"config": config, "concurrency": c,
                                 "median_tpot_ms": statistics.median([rec["median_tpot_ms"] for rec in recs]),
@@ -351,7 +355,7 @@ def main(argv=None) -> int:
                                 "completed": sum(rec["completed"] for rec in recs),
                                 "rounds": [{"median_tpot_ms": rec["median_tpot_ms"],
                                             "output_throughput": rec["output_throughput"]} for rec in recs],
-                                "steps": dict(steps), "overlap_waits": dict(waits)})
+                                **{counter: dict(total) for counter, total in totals.items()}})
     results.sort(key=lambda r: (configs.index(r["config"]), r["concurrency"]))
 
     table = markdown(results, args.device)

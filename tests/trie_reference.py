@@ -442,8 +442,11 @@ def select(nodes: list, budget: int, one_branch: bool, confidence: float) -> tup
     return tokens, parents, expected
 
 
-def draft(local: RefStore | None, shared: RefStore | None, context, budget: int, one_branch: bool,
+def draft(local: RefStore | None, shared, context, budget: int, one_branch: bool,
           prm: Params) -> tuple[list, list, float]:
+    """``shared``: the scope's history (or None), or a list of it and the
+    request's corpora: every shared store is read alike, in that order."""
+    shareds = [s for s in (shared if isinstance(shared, (list, tuple)) else [shared]) if s is not None]
     tail = prm.max_match
     if prm.anchor_window > 0:
         tail = max(tail, prm.anchor_gap + prm.anchor_min + 32)
@@ -471,19 +474,21 @@ def draft(local: RefStore | None, shared: RefStore | None, context, budget: int,
         local.cursor = (local.n,) + local.cursor[1:]
         for c in cands:
             merge(local, c, budget, nodes)
-    first_shared = len(cands)
-    if shared is not None and len(cands) < prm.max_candidates:
-        gather(shared, ctx, prm, 1.0, cands, one_branch)
-        for c in cands[first_shared:]:
-            merge(shared, c, budget, nodes)
+    for sh in shareds:
+        first_shared = len(cands)
+        if len(cands) < prm.max_candidates:
+            gather(sh, ctx, prm, 1.0, cands, one_branch)
+            for c in cands[first_shared:]:
+                merge(sh, c, budget, nodes)
     # Nothing matched: draft past the context's last 1, 2, ... tokens; when
     # something did, past the last one at wildcard_weight if the pace is low.
     def merge_past(skip: int, local_w: float, shared_w: float, prm: Params = prm) -> None:
         cands = []
         if local is not None:
             gather_past(local, ctx, skip, prm, local_w, cands, one_branch, budget, nodes)
-        if shared is not None and len(cands) < prm.max_candidates:
-            gather_past(shared, ctx, skip, prm, shared_w, cands, one_branch, budget, nodes)
+        for sh in shareds:
+            if len(cands) < prm.max_candidates:
+                gather_past(sh, ctx, skip, prm, shared_w, cands, one_branch, budget, nodes)
 
     if len(nodes) > 1:
         if prm.wildcard_weight > 0 and pace < prm.wildcard_pace and len(ctx) > 1 \
@@ -523,6 +528,7 @@ class RefRequest:
     shared_upto: int
     scope: object = None  # its scope's key, or PRIVATE
     share: bool = True
+    corpora: object = None  # the corpus ids it chose (None: every one it may see)
 
 
 class RefCache:
@@ -535,18 +541,51 @@ class RefCache:
         self.params = Params.from_config(config, tuning)
         self.budget = ScopeBudget(config.max_memory_bytes, config.shared_capacity, len(config.orders))
         self.requests: dict = {}
+        self.corpora: dict = {}  # id -> (scope, [RefStore pieces])
+
+    def add_corpus(self, corpus_id, stream, scope=None) -> None:
+        """A corpus (one stream, -1 between documents), cut into pieces as
+        ``lookahead.corpora`` cuts it (the layout, not the drafting)."""
+        import numpy as np
+
+        from lookahead.corpora import _cuts, piece_sizes
+
+        stream = np.asarray(stream, dtype=np.int32)
+        sizes = piece_sizes(len(stream))
+        cuts = _cuts(stream, sizes)
+        sizes = [max(cap, 1 << max(0, (e - s - 1).bit_length())) for cap, (s, e) in zip(sizes, cuts)]
+        pieces = []
+        for cap, (s, e) in zip(sizes, cuts):
+            piece = RefStore(cap, True, self.config.orders)
+            piece.append(stream[s:e].tolist())
+            pieces.append(piece)
+        self.corpora[corpus_id] = (scope, pieces)
+
+    def remove_corpus(self, corpus_id) -> None:
+        del self.corpora[corpus_id]
+
+    def corpus_stores(self, req: RefRequest) -> list:
+        # Public corpora by id, then the request's scope's, by id.
+        scope = req.scope if req.share else object()
+        out = []
+        for _, cid in sorted((cs is not None, cid) for cid, (cs, _) in self.corpora.items()):
+            cs, pieces = self.corpora[cid]
+            if (cs is None or cs == scope) and (req.corpora is None or cid in req.corpora):
+                out.extend(pieces)
+        return out
 
     def history(self, scope) -> RefStore | None:
         held = self.budget.scopes.get(scope)
         return None if held is None else held.store
 
-    def put_prompt(self, rid, tokens, scope=None, share: bool = True) -> None:
+    def put_prompt(self, rid, tokens, scope=None, share: bool = True, corpora=None) -> None:
         tokens = [int(t) for t in tokens]
         assert rid not in self.requests
         store = RefStore(max(1024, 2 * len(tokens) + 256), False, self.config.orders)
         store.append(tokens)
         store.prompt_end = len(tokens)
-        self.requests[rid] = RefRequest(store, len(tokens), len(tokens), scope, share)
+        self.requests[rid] = RefRequest(store, len(tokens), len(tokens), scope, share,
+                                        None if corpora is None else frozenset(corpora))
         if share:
             self.budget.touch(scope)
 
@@ -584,5 +623,7 @@ class RefCache:
 
     def draft(self, rid, context, budget: int, one_branch: bool = False) -> tuple[list, list, float]:
         req = self.requests[rid]
-        return draft(req.store, self.history(req.scope) if req.share else None, context, budget,
+        history = self.history(req.scope) if req.share else None
+        corpora = self.corpus_stores(req)
+        return draft(req.store, [history] + corpora if corpora else history, context, budget,
                      one_branch, self.params)

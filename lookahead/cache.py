@@ -29,6 +29,7 @@ from lookahead._store import Inserter, TokenStore
 from lookahead._tokens import read_tokens
 from lookahead._tuning import TUNING_FIELDS, DraftTuning
 from lookahead.config import LookaheadConfig
+from lookahead.corpora import CorpusOverBudget, CorpusSet
 from lookahead.scopes import Drop, ScopeBudget, check_scope
 from lookahead.tokens import MAX_TOKEN_ID, check_budget
 
@@ -73,6 +74,10 @@ class _Request:
     prompt_len: int
     shared_upto: int  # store position up to which the output is in the shared history
     scope: Any = None  # its scope's key (_PRIVATE: it shares nothing)
+    corpora: Optional[frozenset] = None  # the corpora it chose (None: all it may see)
+    # Its shared stores besides its history (the corpora it drafts from), as of corpus generation ``view_gen``.
+    view: tuple = ()
+    view_gen: int = -1
 
 
 class LookaheadCache:
@@ -118,6 +123,7 @@ class LookaheadCache:
         self._drafters: list[Drafter] = []
         self._prompts = self._prompt_tokens = self._output_tokens = self._finished = 0
         self._saver = _Saver(self)
+        self._corpora = CorpusSet(config.corpus_memory_bytes, config.orders, self._max_id)
         log = os.environ.get(DRAFT_LOG_ENV)
         if log:
             self._log = _DraftLog(log)
@@ -126,16 +132,27 @@ class LookaheadCache:
 
     # -- feeding -------------------------------------------------------------
 
-    def put_prompt(self, rid: Hashable, tokens: Any, *, scope: Optional[str] = None, share: bool = True) -> None:
+    def put_prompt(self, rid: Hashable, tokens: Any, *, scope: Optional[str] = None, share: bool = True,
+                   corpora: Optional[Sequence[str]] = None) -> None:
         """Index a new request's whole prompt (in the background).
 
         The request drafts from its own prompt and output and from its
         ``scope``'s shared history (a ``str``, or ``None`` for the default
         scope), and its output enters that history only.  ``share=False``:
-        it neither drafts from nor feeds any shared history."""
+        it neither drafts from nor feeds any shared history.  It also drafts
+        from the public corpora and those bound to its scope (with
+        ``share=False``: the public ones); ``corpora`` (corpus ids) restricts
+        that to the ones named (an id it may not see, or that does not
+        exist, is ignored)."""
         scope = check_scope(scope)
         if type(share) is not bool:
             raise TypeError(f"share must be a bool, got {type(share).__name__}")
+        if corpora is not None:
+            if isinstance(corpora, str):
+                corpora = (corpora,)
+            corpora = frozenset(corpora)
+            if any(type(c) is not str for c in corpora):
+                raise TypeError(f"corpora must be corpus ids (str), got {sorted(map(repr, corpora))}")
         arr = read_tokens(tokens, self._max_id, "prompt")
         store = TokenStore(max(1024, 2 * len(arr) + 256), False, self.config.orders)
         # The raw copy is a memcpy; the indexing is the expensive part.
@@ -144,7 +161,7 @@ class LookaheadCache:
         with self._lock:
             if rid in self._requests:
                 raise ValueError(f"request {rid!r} already has a prompt; call finish() before reusing its id")
-            self._requests[rid] = _Request(store, len(arr), len(arr), scope if share else _PRIVATE)
+            self._requests[rid] = _Request(store, len(arr), len(arr), scope if share else _PRIVATE, corpora)
             self._prompts += 1
             self._prompt_tokens += len(arr)
             if share:
@@ -218,6 +235,40 @@ class LookaheadCache:
         """Wait until every insert submitted so far is visible to drafts."""
         self._inserter.synchronize()
 
+    # -- external corpora ------------------------------------------------------
+
+    def add_corpus(self, corpus_id: str, token_chunks: Any, scope: Optional[str] = None, *,
+                   background: bool = False, on_done=None):
+        """Add an external corpus (``lookahead.corpora``): requests draft
+        from it as from their scope's history, and traffic never evicts it.
+
+        ``token_chunks``: consecutive pieces of one token stream, as SGLang's
+        NGRAM takes them (lists or arrays of ids; a document boundary is
+        ``-2**31`` or ``-1``).  ``scope``: None, every request may draft
+        from it; a scope key (``"cache_salt:X"``), only that scope's requests.
+        Returns the tokens loaded (separators included); ``background=True``
+        returns at once with a ``Future`` of that count, and drafts read
+        what is indexed so far meanwhile (``on_done(future)`` is called on
+        the loading thread when it ends).  Raises ``lookahead.corpora.CorpusError``
+        (a ``ValueError``) for an id that exists (remove it first), ids
+        outside the vocabulary, or a corpus beyond ``corpus_memory_bytes``
+        (nothing is truncated); a removal during the load makes it raise
+        ``CorpusRemoved``.  An empty corpus is added, with 0 tokens."""
+        if scope is not None:
+            scope = check_scope(scope)
+        return self._corpora.add(corpus_id, token_chunks, scope, background=background, on_done=on_done)
+
+    def remove_corpus(self, corpus_id: str) -> None:
+        """Remove a corpus, loaded or loading (the load stops); drafts stop
+        reading it at once.  ``CorpusError`` (a ``ValueError``) if there is none."""
+        self._corpora.remove(corpus_id)
+
+    def corpora(self) -> dict:
+        """Every corpus by id: its ``tokens``, ``bytes`` (its share of the
+        corpus budget), ``scope`` (None: public), ``state`` (``loading``,
+        ``ready``) and the tokens ``loaded`` so far."""
+        return self._corpora.list()
+
     # -- drafting ------------------------------------------------------------
 
     def _drafter(self) -> Drafter:
@@ -239,8 +290,20 @@ class LookaheadCache:
         req = self._requests.get(rid)
         if req is None:
             raise ValueError(f"unknown request {rid!r}: call put_prompt() first")
-        return self._drafter().draft_context(req.store, self._histories.get(req.scope), context, budget,
+        return self._drafter().draft_context(req.store, self._shared_of(req), context, budget,
                                              one_branch, self._draft_config, self._max_id)
+
+    def _shared_of(self, req: _Request):
+        # The request's history, and its corpora if any exist: what it drafts from besides its own store.
+        history = self._histories.get(req.scope)
+        corpora = self._corpora
+        if not corpora.view:
+            return history
+        if req.view_gen != corpora.generation:
+            gen = corpora.generation
+            req.view = corpora.stores_for(req.scope, req.corpora)
+            req.view_gen = gen
+        return (history,) + req.view if req.view else history
 
     def batch_draft(self, rids: Sequence[Hashable], contexts: Sequence[Any], budget: int,
                     one_branch: bool = False) -> list[Draft]:
@@ -250,12 +313,13 @@ class LookaheadCache:
             raise ValueError(f"batch_draft got {len(rids)} rids but {len(contexts)} contexts")
         stores, histories = [], []
         requests, history_of = self._requests, self._histories.get
+        with_corpora = bool(self._corpora.view)
         for rid in rids:
             req = requests.get(rid)
             if req is None:
                 raise ValueError(f"unknown request {rid!r}: call put_prompt() first")
             stores.append(req.store)
-            histories.append(history_of(req.scope))
+            histories.append(self._shared_of(req) if with_corpora else history_of(req.scope))
         return self._drafter().draft_batch(stores, histories, list(contexts), budget, one_branch,
                                            self._draft_config, self._max_id)
 
@@ -291,6 +355,7 @@ class LookaheadCache:
             budget = self._budget
             scopes, shared_bytes, shared_tokens, seen = len(budget.scopes), budget.bytes, budget.tokens, budget.appended
         local_bytes = sum(s.nbytes for s in stores)
+        corpora = self._corpora.stats()
         return {
             "prompts": self._prompts,
             "prompt_tokens": self._prompt_tokens,
@@ -307,7 +372,8 @@ class LookaheadCache:
             "shared_tokens_seen": seen,
             "shared_capacity": self.config.shared_capacity,
             "shared_bytes": shared_bytes,
-            "total_bytes": shared_bytes + local_bytes,
+            "total_bytes": shared_bytes + local_bytes + corpora["corpus_bytes"],
+            **corpora,
             "pending_inserts": self._inserter.pending(),
             "failed_inserts": self._inserter.failures,
         }
@@ -343,14 +409,19 @@ class LookaheadCache:
 
     def _write(self, path: str) -> None:
         keys, arrays = self._snapshot()
+        corpora = self._corpora.ready()
         meta = {"format": _FORMAT_VERSION, "config": {**asdict(self.config), "orders": list(self.config.orders)},
-                "tuning": asdict(self._tuning), "scopes": keys}
+                "tuning": asdict(self._tuning), "scopes": keys,
+                "corpora": [{"id": cid, "scope": scope} for cid, scope, _ in corpora]}
         tokens = np.concatenate(arrays) if arrays else np.zeros(0, np.int32)
         lengths = np.asarray([len(a) for a in arrays], dtype=np.int64)
+        corpus_tokens = np.concatenate([c for _, _, c in corpora]) if corpora else np.zeros(0, np.int32)
+        corpus_lengths = np.asarray([len(c) for _, _, c in corpora], dtype=np.int64)
         tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         try:
             with open(tmp, "wb") as f:
-                np.savez_compressed(f, tokens=tokens, lengths=lengths,
+                np.savez_compressed(f, tokens=tokens, lengths=lengths, corpus_tokens=corpus_tokens,
+                                    corpus_lengths=corpus_lengths,
                                     meta=np.frombuffer(json.dumps(meta).encode(), np.uint8))
             os.replace(tmp, path)
         except BaseException:
@@ -371,6 +442,7 @@ class LookaheadCache:
             with np.load(path, allow_pickle=False) as data:
                 meta = json.loads(bytes(data["meta"]).decode())
                 fmt = meta.get("format")
+                corpora = _split_corpora(meta, data) if fmt == _FORMAT_VERSION else []
                 if fmt == 1:
                     keys, chunks = [None], [np.ascontiguousarray(data["shared"], dtype=np.int32)]
                 elif fmt == _FORMAT_VERSION:
@@ -401,6 +473,11 @@ class LookaheadCache:
                 for step in steps:
                     cache._apply(step, now=True)
                 cache._store_of(scope).append_indexed(tokens)
+            for (corpus_id, scope), tokens in corpora:
+                try:
+                    cache.add_corpus(corpus_id, tokens, scope)
+                except CorpusOverBudget as exc:  # a smaller budget now: the file is fine
+                    logger.warning("LOOKAHEAD: not loading a saved corpus: %s", exc)
         except BaseException:
             cache.close()
             raise
@@ -450,6 +527,20 @@ def _split_scopes(meta: dict, tokens: np.ndarray, lengths: np.ndarray) -> tuple[
     tokens = np.ascontiguousarray(tokens, dtype=np.int32)
     ends = np.cumsum(lengths)
     return keys, [tokens[end - n: end] for n, end in zip(lengths.tolist(), ends.tolist())]
+
+
+def _split_corpora(meta: dict, data) -> list:
+    # A format-2 file's corpora ((id, scope), tokens), checked; none in files saved before them.
+    entries = meta.get("corpora", [])
+    if not entries:
+        return []
+    if not isinstance(entries, list) or any(
+            not isinstance(e, dict) or type(e.get("id")) is not str or
+            (e.get("scope") is not None and type(e.get("scope")) is not str) for e in entries):
+        raise ValueError("the corpora are not a list of {id, scope}")
+    keys, chunks = _split_scopes({"scopes": [e["id"] for e in entries]}, data["corpus_tokens"],
+                                 data["corpus_lengths"])
+    return [((cid, e["scope"]), tokens) for cid, e, tokens in zip(keys, entries, chunks)]
 
 
 class _Saver:

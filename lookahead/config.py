@@ -99,6 +99,8 @@ class LookaheadConfig:
     tokens and when it ends, behind the last ``share_prompt_tail`` tokens of
     its prompt (so the start of an answer is found by the end of its
     question); ``share_outputs=False`` shares nothing.
+    ``corpus_memory_bytes`` bounds the external corpora (``lookahead.corpora``),
+    apart from the histories; nothing is allocated until a corpus is added.
     """
 
     max_memory_bytes: int = 256 << 20
@@ -109,6 +111,7 @@ class LookaheadConfig:
     flush_tokens: int = 128
     vocab_size: int | None = None  # reject ids >= vocab_size when set
     background: bool = True  # False: apply inserts on the caller's thread (debugging)
+    corpus_memory_bytes: int = 512 << 20
 
     def __post_init__(self):
         check_memory(self.max_memory_bytes, "max_memory_bytes")
@@ -121,6 +124,7 @@ class LookaheadConfig:
         object.__setattr__(self, "orders", orders)
         check_int(self.share_prompt_tail, 0, "share_prompt_tail")
         check_int(self.flush_tokens, 1, "flush_tokens")
+        check_memory(self.corpus_memory_bytes, "corpus_memory_bytes")
         if self.vocab_size is not None:
             check_int(self.vocab_size, 1, "vocab_size")
 

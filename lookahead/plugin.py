@@ -130,6 +130,11 @@ class LookaheadSpecAlgo(CustomSpecAlgo):
 
     def handle_server_args(self, server_args: "ServerArgs") -> None:
         _args.handle_lookahead_server_args(server_args)
+        # The external-corpus endpoints (lookahead.corpus_server): hooked in the
+        # launching process, which serves HTTP, and only for LOOKAHEAD servers.
+        from lookahead.corpus_server import install_tokenizer_side
+
+        install_tokenizer_side()
 
 
 def _worker_factory(server_args: "ServerArgs") -> Type:

@@ -32,6 +32,9 @@ from lookahead.config import DEFAULT_ISOLATION, check_isolation
 
 logger = logging.getLogger(__name__)
 
+# The key of ``sampling_params.custom_params`` that names a request's corpora.
+CORPORA_PARAM = "lookahead_corpora"
+
 
 def _server_isolation() -> str:
     # The mode SGLang published for this scheduler process, or the default
@@ -99,6 +102,29 @@ class RequestFeed:
                 return f"extra_key:{key}", True
         return None, True
 
+    @staticmethod
+    def corpora_of(req) -> Optional[list]:
+        """The external corpora the request chose, or None (all it may see).
+
+        Carried as SGLang carries its own per-request extras to the
+        scheduler: in ``sampling_params.custom_params``, under
+        ``CORPORA_PARAM`` (a corpus id or a list of them; ``[]``: none),
+        or ``"ngram_corpus_id"`` (one id, the name SGLang's PR #35102
+        proposes for NGRAM).  A malformed value is ignored with a warning."""
+        params = getattr(getattr(req, "sampling_params", None), "custom_params", None)
+        if not isinstance(params, dict):
+            return None
+        choice = params.get(CORPORA_PARAM, params.get("ngram_corpus_id"))
+        if choice is None:
+            return None
+        if isinstance(choice, str):
+            return [choice]
+        if isinstance(choice, list) and all(isinstance(c, str) for c in choice):
+            return choice
+        logger.warning("lookahead: request %s: custom_params[%r] must be a corpus id or a list of them, got %r; "
+                       "ignored", getattr(req, "rid", None), CORPORA_PARAM, choice)
+        return None
+
     def start(self, reqs: Iterable) -> None:
         """Index the prompts of requests seen for the first time."""
         for req in reqs:
@@ -106,7 +132,8 @@ class RequestFeed:
                 continue  # a later chunk of a chunked prefill, or a retracted request
             scope, share = self.scope_of(req)
             try:
-                self.cache.put_prompt(req.rid, self.prompt_of(req), scope=scope, share=share)
+                self.cache.put_prompt(req.rid, self.prompt_of(req), scope=scope, share=share,
+                                      corpora=self.corpora_of(req))
             except (ValueError, TypeError) as exc:
                 # Never fail the batch over drafting: this request just gets no drafts.
                 logger.warning("lookahead: not indexing request %s: %s", req.rid, exc)

@@ -56,7 +56,7 @@ import dataclasses
 import logging
 import os
 import sys
-from typing import Any, Optional, Union
+from typing import Any, List, Optional, Union
 
 import sglang.srt.server_args as _sgl_server_args
 from sglang.srt.arg_groups.arg_utils import A, Arg
@@ -221,6 +221,28 @@ class LookaheadServerArgs(_original_server_args_class()):
             type_parser=_path_arg,
         ),
     ] = None
+    speculative_lookahead_corpus: A[
+        Optional[List[str]],
+        Arg(
+            help="LOOKAHEAD only. External corpus to draft from, loaded at start-up in the "
+            "background (drafts use what is indexed so far); repeatable. PATH is a JSONL file "
+            "of strings (SGLang's NGRAM corpus format), a .jsonl of {\"text\": ...} or "
+            "{\"input_ids\": [...]} lines, a directory (every text file under it), or a text "
+            "file. Its corpus id is PATH as given; it is public (every scope drafts from it).",
+            action="extend",
+            action_kwargs={"type": str, "nargs": "+"},
+        ),
+    ] = None
+    speculative_lookahead_corpus_memory_mb: A[
+        Optional[int],
+        Arg(
+            help="LOOKAHEAD only. Memory budget, in MiB, of the external corpora "
+            "(tokens plus index), apart from the shared histories'; a corpus beyond "
+            "it is refused whole. Corpora are never evicted. Unset: the cache's default "
+            f"(LookaheadConfig.corpus_memory_bytes, {LookaheadConfig.corpus_memory_bytes >> 20} MiB).",
+            type_parser=_memory_mb_arg,
+        ),
+    ] = None
     speculative_lookahead_hybrid: A[
         bool,
         Arg(
@@ -266,6 +288,8 @@ _FIELD_TO_ATTR = {
     "speculative_lookahead_memory_mb": "memory_mb",
     "speculative_lookahead_path": "path",
     "speculative_lookahead_isolation": "isolation",
+    "speculative_lookahead_corpus": "corpus",
+    "speculative_lookahead_corpus_memory_mb": "corpus_memory_mb",
 }
 # Options the hybrid (EAGLE + --speculative-lookahead-hybrid) uses as well: they
 # configure the trie.
@@ -311,6 +335,8 @@ class LookaheadArgs:
     memory_mb: Optional[int] = None
     path: Optional[str] = None
     isolation: str = DEFAULT_ISOLATION
+    corpus: tuple = ()  # --speculative-lookahead-corpus paths
+    corpus_memory_mb: Optional[int] = None
 
     def __post_init__(self):
         def is_int(value):
@@ -335,6 +361,14 @@ class LookaheadArgs:
         if self.path is not None:
             check_path(self.path, "--speculative-lookahead-path")
         check_isolation(self.isolation, "--speculative-lookahead-isolation")
+        corpus = self.corpus or ()
+        if isinstance(corpus, (str, os.PathLike)):
+            corpus = (corpus,)
+        for path in corpus:
+            check_path(path, "--speculative-lookahead-corpus")
+        object.__setattr__(self, "corpus", tuple(os.fspath(p) for p in corpus))
+        if self.corpus_memory_mb is not None:
+            check_memory(self.corpus_memory_mb, "--speculative-lookahead-corpus-memory-mb", unit="MiB")
 
     @property
     def draft_budget(self) -> int:
@@ -359,6 +393,8 @@ class LookaheadArgs:
             out["max_match_len"] = self.max_match_len
         if self.memory_mb is not None:
             out["max_memory_bytes"] = self.memory_mb << 20
+        if self.corpus_memory_mb is not None:
+            out["corpus_memory_bytes"] = self.corpus_memory_mb << 20
         return out
 
 
@@ -478,6 +514,13 @@ def handle_lookahead_server_args(server_args: Any) -> None:
         path = _check_path(args.path)
         if path != args.path:
             sa.speculative_lookahead_path = path  # absolute: children may chdir
+    if args.corpus:
+        missing = [p for p in args.corpus if not os.path.exists(p)]
+        if missing:
+            raise ValueError(f"--speculative-lookahead-corpus: no such file or directory: {', '.join(missing)}")
+        absolute = [os.path.abspath(p) for p in args.corpus]
+        if absolute != list(args.corpus):
+            sa.speculative_lookahead_corpus = absolute  # children may chdir
     if args.num_draft_tokens == 1:
         logger.warning(
             "--speculative-num-draft-tokens 1 leaves no room for draft tokens "

@@ -110,6 +110,9 @@ class LookaheadWorker(NGRAMWorker):
         self._decode_steps = 0
 
         sglang_hooks.install()  # before the scheduler captures any graph
+        from lookahead.corpus_server import install_scheduler_side
+
+        install_scheduler_side()  # the external-corpus endpoints, before the scheduler binds its handlers
         self.cache = self._load_cache()
         self.max_trie_depth = self.cache.config.max_match_len  # context tokens a draft reads
         self.feed = RequestFeed(self.cache, on_finish=self._finished, isolation=self.args.isolation)
@@ -126,6 +129,7 @@ class LookaheadWorker(NGRAMWorker):
         self._save_lock = threading.Lock()
         if self.args.path:
             atexit.register(self.save_trie, False)  # at exit: a blocking save
+        self._load_startup_corpora()
         logger.info(
             "LOOKAHEAD worker: verify width %d (%s), speculating at batch sizes 1..%d%s, overlap %s, trie %s",
             self.speculative_num_draft_tokens, "one branch" if self.args.one_branch else "tree",
@@ -439,6 +443,62 @@ class LookaheadWorker(NGRAMWorker):
             accept_tokens=padded.flatten(),
             accept_lens=draft_input.accept_lens,
         )
+
+    # -- external corpora (SGLang's ExternalCorpusManager calls these, see lookahead.corpus_server) --
+
+    def _load_startup_corpora(self) -> None:
+        """--speculative-lookahead-corpus: read, tokenized and indexed on a
+        background thread (drafts use what is indexed so far), unless tensor
+        parallelism needs every rank to see the same corpus at every step:
+        then here, before the first request."""
+        if not self.args.corpus:
+            return
+        if self.tp_size > 1:
+            self._read_startup_corpora()
+        else:
+            threading.Thread(target=self._read_startup_corpora, name="lookahead-corpus-start", daemon=True).start()
+
+    def _read_startup_corpora(self) -> None:
+        from lookahead.corpora import ReadReport, corpus_id_of, read_corpus
+
+        tokenizer = getattr(self._target_worker, "tokenizer", None)
+        encode = None if tokenizer is None else (lambda text: tokenizer.encode(text, add_special_tokens=False))
+        for path in self.args.corpus:
+            corpus_id = corpus_id_of(path)
+            if corpus_id in self.cache.corpora():
+                logger.info("LOOKAHEAD: corpus %s was loaded from %s", corpus_id, self.args.path)
+                continue
+            report = ReadReport()
+            try:
+                chunks = read_corpus(path, encode, self.cache._max_id, report)
+                loaded = self.cache.add_corpus(corpus_id, chunks)
+            except Exception as exc:  # a bad corpus never takes the server down
+                logger.error("LOOKAHEAD: cannot load the corpus %s: %s", path, exc)
+                continue
+            logger.info("LOOKAHEAD: loaded the corpus %s: %d tokens (%s)", path, loaded, report)
+            self._dirty = True
+
+    def add_external_corpus(self, corpus_id: str, token_chunks, scope=None) -> int:
+        loaded = self.cache.add_corpus(corpus_id, token_chunks, scope)
+        self._dirty = True
+        return loaded
+
+    def commit_corpus_load(self, corpus_id: str, loaded_token_count: int) -> None:
+        # Drafts read a corpus from the start of its load; a completed one is saved.
+        self.save_trie()
+
+    def remove_external_corpus(self, corpus_id: str) -> None:
+        self.cache.remove_corpus(corpus_id)
+        self._dirty = True
+        self.save_trie()
+
+    def list_external_corpora(self) -> dict:
+        return {cid: info["tokens"] for cid, info in self.cache.corpora().items()}
+
+    def describe_external_corpora(self) -> str:
+        return "; ".join(f"{cid}: {i['tokens']:,} tokens, {i['bytes']:,} bytes, "
+                         f"{'public' if i['scope'] is None else 'scope ' + i['scope']}, {i['state']}"
+                         for cid, i in self.cache.corpora().items())
 
     # -- request lifecycle and persistence ---------------------------------------------
 

@@ -547,7 +547,8 @@ def test_spawned_child_and_engine_keywords(fresh_processes):
     assert rc == 0, out[-3000:]
     assert (
         "CHILD_ARGS LookaheadArgs(num_draft_tokens=5, one_branch=True, "
-        "max_batch_size=2, max_match_len=12, memory_mb=None, path=None, isolation='salt')"
+        "max_batch_size=2, max_match_len=12, memory_mb=None, path=None, isolation='salt', "
+        "corpus=(), corpus_memory_mb=None)"
     ) in out
     assert "PLUGIN_LOADED True HEAVY []" in out, out[-3000:]
     assert "ENGINE_ERROR --speculative-lookahead-path: directory" in out, out[-3000:]

@@ -67,6 +67,16 @@ class LookaheadMetrics:
             "Indexed positions in the trie (its implicit nodes): shared history plus live requests.",
             names, multiprocess_mode="mostrecent",
         )
+        self.corpus_tokens = Gauge(
+            "sglang:lookahead_corpus_tokens",
+            "Tokens held by the external corpora (--speculative-lookahead-corpus, /add_external_corpus).",
+            names, multiprocess_mode="mostrecent",
+        )
+        self.corpus_bytes = Gauge(
+            "sglang:lookahead_corpus_bytes",
+            "Memory held by the external corpora (tokens and index), within their own budget.",
+            names, multiprocess_mode="mostrecent",
+        )
         self._prompt_tokens_seen = 0
         # Events come every decode step: the labelled children are looked up once.
         self._draft_seconds = self.draft_seconds.labels(**labels)
@@ -98,6 +108,8 @@ class LookaheadMetrics:
         stats = self._cache_stats_fn()
         self.trie_bytes.labels(**self._labels).set(stats["total_bytes"])
         self.trie_nodes.labels(**self._labels).set(stats["shared_tokens"] + stats["local_tokens"])
+        self.corpus_tokens.labels(**self._labels).set(stats.get("corpus_tokens", 0))
+        self.corpus_bytes.labels(**self._labels).set(stats.get("corpus_bytes", 0))
         new = stats["prompt_tokens"] - self._prompt_tokens_seen
         if new > 0:
             self.prompt_tokens.labels(**self._labels).inc(new)

@@ -330,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="LOOKAHEAD with the requests split round-robin into N scopes (one run per N)")
     ap.add_argument("--no-sharing", action="store_true",
                     help="LOOKAHEAD with no shared history (--speculative-lookahead-isolation request)")
+    ap.add_argument("--corpus", action="append", metavar="PATH",
+                    help="also replay LOOKAHEAD with this external corpus loaded (public), as "
+                         "--speculative-lookahead-corpus reads it (text needs --tokenizer); repeatable")
     args = ap.parse_args(argv)
 
     if args.verify_cost < 0:
@@ -354,6 +357,18 @@ def main(argv: list[str] | None = None) -> int:
         except TraceError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
+    args.corpus_chunks = []
+    for path in args.corpus or ():
+        from lookahead.corpora import ReadReport, read_corpus
+
+        report = ReadReport()
+        encode = None if tokenizer is None else (lambda t: tokenizer.encode(t, add_special_tokens=False))
+        try:
+            args.corpus_chunks.append((path, read_corpus(path, encode, 2**31 - 1, report)))
+        except (OSError, ValueError) as exc:
+            print(f"error: corpus {path}: {exc}", file=sys.stderr)
+            return 2
+        print(f"corpus {path}: {report}", flush=True)
     results: list[ReplayResult] = []
     scoped = bool(args.scope_by or args.tenants or args.no_sharing)
     for trace_path in args.trace:
@@ -402,11 +417,20 @@ def _replay_trace(pairs: ReplayTrace, trace: str, names: list, args, scoped: boo
         splits.append((f"by {args.scope_by}", pairs.scopes, True))
     if args.no_sharing:
         splits.append(("no sharing", None, False))
+    corpora = getattr(args, "corpus_chunks", None) or []
     for budget in args.budget:
         for name in names:
             lookahead = name.startswith("lookahead")
-            for split, scopes, share in (splits if scoped and lookahead else [("", None, True)]):
+            runs = splits if scoped and lookahead else [("", None, True)]
+            if lookahead and corpora:
+                # The same runs again with the corpora loaded: what they are worth.
+                runs = runs + [((f"{split}, " if split else "") + "corpus", scopes, share)
+                               for split, scopes, share in runs]
+            for split, scopes, share in runs:
                 drafter = make_drafter(name, budget, share)
+                if split.endswith("corpus"):
+                    for path, chunks in corpora:
+                        drafter.cache.add_corpus(path, chunks)
                 every = max(1, len(pairs) // 10)
                 res = replay(drafter, pairs, budget, trace, scopes=scopes, split=split,
                              progress=lambda k: k % every == 0 and log(f"  {trace} b={budget} {name}: {k}/{len(pairs)}"))

@@ -409,3 +409,23 @@ def test_read_errors_are_clear(tmp_path):
     assert report.skipped == {"documents with ids outside the vocabulary": 1}
     with pytest.raises(ValueError, match="no tokenizer"):
         read_corpus(str(p), None, 1000)
+
+
+def test_replay_measures_a_corpus(tmp_path, capsys):
+    from lookahead.replay import main
+
+    rng = random.Random(0)
+    answers = [[rng.randrange(100, 5000) for _ in range(80)] for _ in range(5)]
+    corpus, trace = tmp_path / "corpus.jsonl", tmp_path / "trace.jsonl"
+    corpus.write_text("".join(json.dumps({"input_ids": [1, 2, 3] + a}) + "\n" for a in answers))
+    trace.write_text("".join(json.dumps({"prompt": [7, 8, 1, 2, 3], "response": answers[i % 5]}) + "\n"
+                             for i in range(10)))
+    assert main(["--trace", str(trace), "--corpus", str(corpus), "--drafters", "lookahead", "--no-plot",
+                 "--quiet", "--out-dir", str(tmp_path / "out")]) == 0
+    rows = {r["drafter"] + (f" ({r['split']})" if r.get("split") else ""): r
+            for r in json.loads((tmp_path / "out" / "replay.json").read_text())}
+    out = capsys.readouterr().out
+    assert "lookahead (corpus)" in out and "corpus " + str(corpus) + ": 5 documents" in out
+    with_corpus = [r for k, r in rows.items() if "corpus" in k][0]
+    without = [r for k, r in rows.items() if "corpus" not in k][0]
+    assert with_corpus["acceptance_length"] >= 2 * without["acceptance_length"], (with_corpus, without)

@@ -87,6 +87,7 @@ def _tokenizer_manager_init(original, self, server_args, *args, **kwargs):
         from sglang.srt.managers import io_struct
 
         # The route imports the name from io_struct at each call.
+        # retire when: the add request carries algorithm-specific options.
         io_struct.AddExternalCorpusReqInput = request_type()
         self.lookahead_corpora = True
 
@@ -205,7 +206,11 @@ def install_tokenizer_side() -> None:
 
     mixin = "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin"
     _register_and_apply((
+        # retire when: the add request carries algorithm-specific options (our scope).
         ("sglang.srt.managers.tokenizer_manager.TokenizerManager.__init__", _tokenizer_manager_init),
+        # retire when: the endpoints are gated on a capability the algorithm
+        # declares (supports_external_corpus) instead of is_ngram(), and the
+        # worker reads the corpus file.
         (f"{mixin}.add_external_corpus", _add),
         (f"{mixin}.remove_external_corpus", _remove),
         (f"{mixin}.list_external_corpora", _list),
@@ -285,6 +290,9 @@ def install_scheduler_side() -> None:
 
     request_type()  # the scheduler decodes LOOKAHEAD's add requests
     scheduler = "sglang.srt.managers.scheduler.Scheduler"
+    # retire when: the scheduler builds the corpus manager for any algorithm
+    # that declares supports_external_corpus() and passes the whole request
+    # (with its scope) to the worker.
     _register_and_apply((
         (f"{scheduler}.add_external_corpus", _scheduler_add),
         (f"{scheduler}.remove_external_corpus", _scheduler_remove),

@@ -114,6 +114,7 @@ class _Step:
     committed: Optional[_Committed] = None  # per request: its accepted tokens then the bonus token
 
 
+# retire when: EAGLE's worker accepts a pluggable extra draft source (docs/upstream.md).
 class LookaheadHybridWorker(EAGLEWorkerV2):
     def __init__(self, server_args: ServerArgs, gpu_id: int, nccl_port: int, target_worker: TpModelWorker):
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
@@ -147,6 +148,8 @@ class LookaheadHybridWorker(EAGLEWorkerV2):
         if self._draft_worker is not None:
             # EAGLE's draft() of this worker's own draft worker: the one call
             # the hybrid decides around (skip it, or merge its tree).
+            # retire when: EAGLE's worker exposes an extension point between
+            # drafting and verification (a pluggable draft source).
             self._eagle_draft = self._draft_worker.draft
             self._draft_worker.draft = self._draft
         logger.info(

@@ -108,6 +108,8 @@ class LookaheadSpecAlgo(CustomSpecAlgo):
         # between overlapped steps, and FutureMap keys its buffers on
         # is_ngram(). The worker sizes the GPU verify mask from seq_lens_cpu,
         # as NGRAM does, so the CPU mirror is always published.
+        # retire when: an algorithm can declare that it uses NGRAM's verify
+        # flow, and FutureMap asks that instead of is_ngram().
         from sglang.srt.managers.overlap_utils import FutureMap
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
@@ -129,6 +131,9 @@ class LookaheadSpecAlgo(CustomSpecAlgo):
         return None
 
     def handle_server_args(self, server_args: "ServerArgs") -> None:
+        # A copy of SGLang's _handle_ngram rules plus our own checks.
+        # retire when: an algorithm can declare that it uses NGRAM's verify
+        # flow, so SGLang's _handle_ngram runs for it.
         _args.handle_lookahead_server_args(server_args)
         # The external-corpus endpoints (lookahead.corpus_server): hooked in the
         # launching process, which serves HTTP, and only for LOOKAHEAD servers.
@@ -189,6 +194,12 @@ def register() -> None:
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     if not _is_registered():
+        # SGLang's public registration API. LookaheadSpecAlgo answers what
+        # CustomSpecAlgo lacks of the enum's interface, and create_future_map
+        # asks for NGRAM's relay buffers.
+        # retire when: CustomSpecAlgo implements every SpeculativeAlgorithm
+        # method with a default, and an algorithm can declare that it uses
+        # NGRAM's verify flow (docs/upstream.md).
         SpeculativeAlgorithm.register(
             ALGORITHM_NAME,
             supports_overlap=SUPPORTS_OVERLAP,
@@ -203,6 +214,8 @@ def register() -> None:
     # the scheduler builds. Why: --speculative-lookahead-hybrid keeps the
     # algorithm EAGLE/EAGLE3 and swaps in EAGLE's worker subclass; every other
     # algorithm and configuration gets SGLang's own class.
+    # retire when: a plugin can register a worker subclass for a built-in
+    # algorithm, or EAGLE accepts a pluggable extra draft source.
     global _worker_hook_registered
     if not _worker_hook_registered:
         from sglang.srt.plugins.hook_registry import HookRegistry, HookType

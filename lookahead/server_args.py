@@ -758,6 +758,8 @@ def install() -> None:
     # Why: prepare_server_args builds the CLI parser from, and instantiates,
     # that module-level class; the subclass adds LOOKAHEAD's fields there, so
     # the flags parse, show in --help and travel pickled to the schedulers.
+    # retire when: plugin-declared server args (a plugin registers its fields
+    # and SGLang adds them to the CLI, Engine's keywords and the pickled record).
     HookRegistry.register(
         "sglang.srt.server_args.ServerArgs", LookaheadServerArgs, HookType.REPLACE
     )
@@ -770,6 +772,8 @@ def install() -> None:
     # globals only. Registered only if the module is loaded already, so that
     # processes that never build an Engine do not import it; an engine module
     # imported later binds the replaced ServerArgs by itself.
+    # retire when: plugin-declared server args (as above), or Engine reads
+    # sglang.srt.server_args.ServerArgs at call time.
     engine = sys.modules.get("sglang.srt.entrypoints.engine")
     if engine is not None and engine.Engine.server_args_class is _original_server_args_class():
         HookRegistry.register(

@@ -316,7 +316,9 @@ def install_hybrid() -> None:
     if _hybrid_installed:
         return
     _register_and_apply((
+        # retire when: EAGLE's verify input keeps the selected nodes' scores.
         ("sglang.srt.speculative.eagle_utils.organize_draft_results", _keep_eagle_scores),
+        # retire when: a speculative worker can add its own entry to the internal state.
         ("sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController._add_speculative",
          _report_hybrid_stats),
     ))
@@ -347,17 +349,31 @@ def install() -> None:
     global _installed
     if _installed:
         return
+    # One line per hook in docs/upstream.md (why, and what would retire it).
     _register_and_apply((
+        # retire when: an algorithm can declare that it uses NGRAM's verify flow.
         (f"{_RUNNER}.get_spec_info", _capture_spec_info),
+        # retire when: an algorithm can declare that it uses NGRAM's verify flow.
         ("sglang.srt.speculative.spec_info.create_dummy_verify_input", _dummy_verify_input),
+        # retire when: SGLang supports several verify widths per server, each
+        # with its own batch sizes and graphs.
         ("sglang.srt.managers.tp_worker.TpModelWorker.init_cuda_graphs", _startup_capture_at_width_one),
+        # retire when: an algorithm can declare that it uses NGRAM's verify flow.
         ("sglang.srt.managers.scheduler.Scheduler._relay_forward_payload", _relay_payload),
+        # retire when: the penalizers count every token a speculative step commits.
         ("sglang.srt.managers.schedule_batch.ScheduleBatch.cumulate_penalty_output_tokens",
          _cumulate_every_token),
+        # retire when: speculative verification applies penalties per tree path.
         ("sglang.srt.sampling.sampling_batch_info.SamplingBatchInfo.copy_for_forward", _copy_with_penalties),
+        # retire when: eagle_sample has per-path penalties and custom logit
+        # processors, a CPU tree-sampling kernel and a width-1 fast path.
         ("sglang.srt.speculative.ngram_worker.eagle_sample", _sample_tree),
+        # retire when: NGRAM's flow skips the move when every request accepts
+        # only its root (or supports a per-step verify width).
         ("sglang.srt.speculative.ngram_worker.move_accept_tokens_to_target_kvcache", _skip_width_one_move),
+        # retire when: SGLang caches whether the model has mamba state.
         ("sglang.srt.speculative.ngram_worker.commit_mamba_states_after_verify", _commit_mamba_if_any),
+        # retire when: intel_amx routes a single-token TARGET_VERIFY to its decode kernel.
         ("sglang.srt.layers.attention.intel_amx_backend.IntelAMXAttnBackend.forward_extend",
          _width_one_verify_as_decode),
     ))

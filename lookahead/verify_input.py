@@ -18,6 +18,8 @@ from typing import Optional
 from sglang.srt.speculative.ngram_info import NgramVerifyInput
 
 
+# retire when: NgramVerifyInput says whether its trees are chains, and
+# per-path penalties are upstream (docs/upstream.md).
 class LookaheadVerifyInput(NgramVerifyInput):
     def __init__(self, *args, is_chain: bool = False, penalty_inputs: Optional[tuple] = None, **kwargs):
         super().__init__(*args, **kwargs)

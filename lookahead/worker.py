@@ -72,6 +72,8 @@ _NO_DRAFT = Draft([], [])
 POLICY_SYNC_STEPS = 32
 
 
+# Replaces NGRAMWorker's private drafting methods (docs/upstream.md).
+# retire when: NGRAM's worker takes a pluggable drafter and a per-step verify width.
 class LookaheadWorker(NGRAMWorker):
     def __init__(
         self,

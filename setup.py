@@ -46,7 +46,26 @@ setup(
     description="Trie-based lookahead speculative decoding for SGLang, as a plugin",
     long_description=open("README.md").read() if os.path.exists("README.md") else "",
     long_description_content_type="text/markdown",
-    python_requires=">=3.10",
+    author="sglang-lookahead developers",
+    license_expression="Apache-2.0",  # SPDX (PEP 639; setuptools >= 77)
+    license_files=["LICENSE"],
+    keywords=["sglang", "speculative decoding", "lookahead decoding", "trie", "n-gram", "llm", "inference"],
+    # No "License ::" classifier: setuptools refuses one next to a license
+    # expression.
+    classifiers=[
+        "Development Status :: 3 - Alpha",
+        "Intended Audience :: Developers",
+        "Intended Audience :: Science/Research",
+        "Operating System :: POSIX :: Linux",
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3 :: Only",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Cython",
+        "Programming Language :: C++",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+    # sglang 0.5.23 itself requires Python >= 3.11.
+    python_requires=">=3.11",
     packages=find_packages(include=["lookahead", "lookahead.*"]),
     # Not lookahead/testing/cpu_sgl_kernel: a pure-torch stand-in for
     # sgl_kernel, importable as sgl_kernel, with a sitecustomize.py that

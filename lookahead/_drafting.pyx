@@ -5,7 +5,7 @@
 A draft for one request reads the request's own store (``_store.pyx``: its
 prompt and output, the likeliest copy source) and its *shared* stores: its
 scope's shared history and the external corpora it may draft from
-(``lookahead.corpora``), all read alike.  In each, the occurrences of the context's longest suffixes are
+(``lookahead.corpora``), read in that order as one store.  In each, the occurrences of the context's longest suffixes are
 gathered from the n-gram chains (``_gather``), each weighted by how far back
 it matches the context, the own store's more; their continuations go into
 the draft trie (``_draft_tree.pyx``), which chooses the draft.
@@ -88,6 +88,29 @@ cdef struct Candidate:
     int64_t pos
     int match
     double weight
+
+
+cdef struct SharedWalk:
+    # What the shared stores of one draft (its scope's history, then its
+    # corpora) have gathered so far, per order index: they are read as one
+    # store would be (see _gather).
+    int walked[MAX_ORDERS]   # chain steps taken
+    int found[MAX_ORDERS]    # occurrences gathered
+
+
+cdef inline void _fresh_walk(SharedWalk* sw) noexcept nogil:
+    cdef int o
+    for o in range(MAX_ORDERS):
+        sw.walked[o] = 0
+        sw.found[o] = 0
+
+
+cdef inline int _shared_found(const SharedWalk* sw, NativeStore* s, int o) noexcept nogil:
+    # Occurrences the shared stores hold at order index o and above.
+    cdef int so, total = 0
+    for so in range(o, s.norders):
+        total += sw.found[so]
+    return total
 
 
 cdef class DraftConfig:
@@ -201,7 +224,8 @@ cdef inline int _walk_limit(NativeStore* s, int o, const DraftParams* prm, bint 
 
 
 cdef int _gather(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftParams* prm,
-                 double store_weight, bint one_branch, vector[Candidate]& cands) noexcept nogil:
+                 double store_weight, bint one_branch, vector[Candidate]& cands,
+                 SharedWalk* sw) noexcept nogil:
     """Collect occurrences of the context's longest suffixes in one store.
 
     Must be called with ``s.mtx`` held.  Orders are tried from the longest
@@ -213,6 +237,17 @@ cdef int _gather(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftPar
     (``low_walk``: better frequency estimates for its alternatives, from
     everyone's history; a request's own short contexts are mostly noise, and
     a chain only wants the heaviest one).
+
+    ``sw`` (the shared stores; NULL for a request's own store): a request's
+    shared stores, its scope's history and then its corpora, are read as one
+    store holding them all would be: an order's chain walk goes on into the
+    next store with the steps the previous ones left, and the descent to
+    shorter suffixes stops once the shared stores together hold
+    ``enough_candidates`` at the orders tried.  So the first shared store is
+    read as it would be alone, and a corpus adds what the history lacks:
+    long matches, and short ones only where the history has few (a 10M-token
+    corpus would otherwise walk every short context's long chains, each step
+    a cache miss, for matches of weight 1).
     """
     cdef int o, k, m, beyond, steps, found = 0, walk, so, j, nscouts
     cdef int scout_order[MAX_ORDERS]
@@ -230,6 +265,7 @@ cdef int _gather(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftPar
     cdef Candidate cand
     cdef size_t order_start
     cdef double scale
+    cdef int total
 
     if s.n_indexed == 0 or ctx_len == 0:
         return 0
@@ -239,10 +275,15 @@ cdef int _gather(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftPar
         k = s.orders[o]
         q = _chain_start(s, o, hashes, ctx_len, prm)
         if q < 0:
+            # (The shared stores before this one may hold enough at this order.)
+            if sw != NULL and _shared_found(sw, s, o) >= prm.enough_candidates:
+                break
             o -= 1
             continue
         order_start = cands.size()
         walk = _walk_limit(s, o, prm, one_branch)
+        if sw != NULL:
+            walk -= sw.walked[o]
         # Scouts walk the chains of the lower orders, which are walked next
         # if this one finds too few, a step per step of this walk: each
         # step is a cache miss in a large store, and independent chains
@@ -255,6 +296,8 @@ cdef int _gather(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftPar
                 scout_order[nscouts] = so
                 scout_q[nscouts] = sq
                 scout_walk[nscouts] = _walk_limit(s, so, prm, one_branch)
+                if sw != NULL:
+                    scout_walk[nscouts] -= sw.walked[so]
                 nscouts += 1
         steps = 0
         while q >= base and q < s.n_indexed and steps < walk:
@@ -310,7 +353,12 @@ cdef int _gather(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftPar
             scale = pow(<double>(<int>cands.size() - order_start), -prm.order_norm)
             for c in range(order_start, cands.size()):
                 cands[c].weight *= scale
-        if found >= prm.enough_candidates or <int>cands.size() >= prm.max_candidates:
+        total = found
+        if sw != NULL:
+            sw.walked[o] += steps
+            sw.found[o] += <int>(cands.size() - order_start)
+            total = _shared_found(sw, s, o)
+        if total >= prm.enough_candidates or <int>cands.size() >= prm.max_candidates:
             break
         o -= 1
     return found
@@ -502,7 +550,7 @@ cdef double _draft(NativeStore* local, NativeStore* const* shared, int nshared,
         if state.n >= 0 and local.n > state.n:
             state.pace = PACE_DECAY * state.pace + (1.0 - PACE_DECAY) * <double>(local.n - state.n)
         _prefetch_heads(local, ctx, ctx_len, _wants_alternatives(prm, state, ctx_len))
-        _gather(local, ctx, ctx_len, prm, local_weight, one_branch, cands)
+        _gather(local, ctx, ctx_len, prm, local_weight, one_branch, cands, NULL)
         if prm.anchor_window > 0:
             _anchor(local, ctx, ctx_len, prm, local_weight, cands)
         if prm.copy_boost > 0:
@@ -512,18 +560,21 @@ cdef double _draft(NativeStore* local, NativeStore* const* shared, int nshared,
         for c in range(cands.size()):
             _merge(local, cands[c].pos, cands[c].weight, depth, tree)
         local.mtx.unlock_shared()
-    # The shared stores (the scope's history, then any corpora) in turn, each
-    # weighted 1.0, while fewer than max_candidates occurrences are held.
+    # The shared stores (the scope's history, then any corpora) in turn, read
+    # as one store (see _gather), weighted 1.0, while fewer than
+    # max_candidates occurrences are held.
     cdef size_t first_shared
     cdef int si
     cdef NativeStore* sh
+    cdef SharedWalk sw
+    _fresh_walk(&sw)
     for si in range(nshared):
         sh = shared[si]
         if sh == NULL or <int>cands.size() >= prm.max_candidates or not sh.mtx.try_lock_shared():
             continue
         first_shared = cands.size()
         _prefetch_heads(sh, ctx, ctx_len, _wants_alternatives(prm, state, ctx_len))
-        _gather(sh, ctx, ctx_len, prm, 1.0, one_branch, cands)
+        _gather(sh, ctx, ctx_len, prm, 1.0, one_branch, cands, &sw)
         for c in range(first_shared, cands.size()):
             _merge(sh, cands[c].pos, cands[c].weight, depth, tree)
         sh.mtx.unlock_shared()
@@ -558,24 +609,27 @@ cdef void _merge_past(NativeStore* local, NativeStore* const* shared, int nshare
                       double local_weight, double shared_weight, vector[Candidate]& cands,
                       DraftTree& tree) noexcept nogil:
     """:func:`_gather_past` on the request's store, then on each shared
-    store while fewer than ``max_candidates`` occurrences are held."""
+    store (read as one, see _gather) while fewer than ``max_candidates``
+    occurrences are held."""
     cdef int si
     cdef NativeStore* sh
+    cdef SharedWalk sw
+    _fresh_walk(&sw)
     cands.clear()
     if local != NULL and local.mtx.try_lock_shared():
-        _gather_past(local, ctx, ctx_len, skip, prm, local_weight, one_branch, depth, cands, tree)
+        _gather_past(local, ctx, ctx_len, skip, prm, local_weight, one_branch, depth, cands, tree, NULL)
         local.mtx.unlock_shared()
     for si in range(nshared):
         sh = shared[si]
         if sh == NULL or <int>cands.size() >= prm.max_candidates or not sh.mtx.try_lock_shared():
             continue
-        _gather_past(sh, ctx, ctx_len, skip, prm, shared_weight, one_branch, depth, cands, tree)
+        _gather_past(sh, ctx, ctx_len, skip, prm, shared_weight, one_branch, depth, cands, tree, &sw)
         sh.mtx.unlock_shared()
 
 
 cdef void _gather_past(NativeStore* s, const int32_t* ctx, int ctx_len, int skip, const DraftParams* prm,
                        double store_weight, bint one_branch, int depth, vector[Candidate]& cands,
-                       DraftTree& tree) noexcept nogil:
+                       DraftTree& tree, SharedWalk* sw) noexcept nogil:
     """Merge the continuations of the context's suffixes that end ``skip``
     tokens before its end, each ``skip`` tokens further on: a draft past
     tokens that match nothing (must hold ``s.mtx``).  An occurrence is
@@ -584,7 +638,7 @@ cdef void _gather_past(NativeStore* s, const int32_t* ctx, int ctx_len, int skip
     cdef size_t c
     cdef int j
     cdef bint whole
-    _gather(s, ctx, ctx_len - skip, prm, store_weight, one_branch, cands)
+    _gather(s, ctx, ctx_len - skip, prm, store_weight, one_branch, cands, sw)
     for c in range(first, cands.size()):
         whole = True
         for j in range(1, skip + 1):

@@ -308,14 +308,20 @@ def test_damaged_corpus_entries_set_the_file_aside(tmp_path):
         cache.close()
 
 
+# Short walks and few candidates: the history and the corpora then share
+# what is left of each order's walk (see _gather in _drafting.pyx).
+SHORT_WALKS = DraftTuning(max_walk=3, low_walk=5, top_walk=4, enough_candidates=4, max_candidates=24)
+
+
+@pytest.mark.parametrize("tuning", [DraftTuning(), SHORT_WALKS], ids=["default", "short_walks"])
 @pytest.mark.parametrize("seed", range(6))
-def test_drafts_with_corpora_match_the_reference(seed):
+def test_drafts_with_corpora_match_the_reference(seed, tuning):
     rng = random.Random(seed)
     vocab = rng.choice([6, 8, 12])
     cfg = LookaheadConfig(max_memory_bytes=1 << 16, background=False)
-    ref = RefCache(cfg, DraftTuning())
+    ref = RefCache(cfg, tuning)
     scopes = [None, "cache_salt:a", "cache_salt:b"]
-    with open_cache(cfg, DraftTuning()) as cache:
+    with open_cache(cfg, tuning) as cache:
         for i in range(rng.randrange(1, 4)):
             stream = [rng.randrange(vocab) if rng.random() > 0.05 else -1 for _ in range(rng.choice([30, 300, 3000]))]
             scope = rng.choice(scopes + [None])

@@ -263,8 +263,15 @@ class Params:
 
 
 def gather(store: RefStore, ctx: list, prm: Params, store_weight: float, cands: list,
-           one_branch: bool = False) -> int:
-    """Append ``store``'s occurrences of the context's suffixes to ``cands``."""
+           one_branch: bool = False, shared_walk: dict | None = None) -> int:
+    """Append ``store``'s occurrences of the context's suffixes to ``cands``.
+
+    ``shared_walk`` (the request's shared stores, read as one store: its
+    scope's history, then its corpora): per order, the chain steps taken and
+    the occurrences gathered by the shared stores read before this one.  An
+    order's walk here takes only the steps they left, and the descent stops
+    once they and this store together hold ``enough_candidates`` at the
+    orders tried."""
     if store.n == 0 or not ctx:
         return 0
     start_count = len(cands)
@@ -282,6 +289,8 @@ def gather(store: RefStore, ctx: list, prm: Params, store_weight: float, cands: 
             walk = prm.top_walk
         if k <= 2 and not one_branch and prm.low_walk > walk and store.ring:
             walk = prm.low_walk
+        if shared_walk is not None:
+            walk -= shared_walk.setdefault(k, [0, 0])[0]
         for q in store.chain(k, slot):
             if q < base or steps >= walk:
                 break
@@ -306,7 +315,12 @@ def gather(store: RefStore, ctx: list, prm: Params, store_weight: float, cands: 
             scale = math.pow(float(len(cands) - order_start), -prm.order_norm)
             for c in cands[order_start:]:
                 c.weight *= scale
-        if found >= prm.enough_candidates or len(cands) >= prm.max_candidates:
+        total = found
+        if shared_walk is not None:
+            shared_walk[k][0] += steps
+            shared_walk[k][1] += len(cands) - order_start
+            total = sum(f for kk, (_, f) in shared_walk.items() if kk >= k)
+        if total >= prm.enough_candidates or len(cands) >= prm.max_candidates:
             break
     return found
 
@@ -445,7 +459,8 @@ def select(nodes: list, budget: int, one_branch: bool, confidence: float) -> tup
 def draft(local: RefStore | None, shared, context, budget: int, one_branch: bool,
           prm: Params) -> tuple[list, list, float]:
     """``shared``: the scope's history (or None), or a list of it and the
-    request's corpora: every shared store is read alike, in that order."""
+    request's corpora: the shared stores are read in that order, as one
+    store holding them all would be (see ``gather``)."""
     shareds = [s for s in (shared if isinstance(shared, (list, tuple)) else [shared]) if s is not None]
     tail = prm.max_match
     if prm.anchor_window > 0:
@@ -474,21 +489,22 @@ def draft(local: RefStore | None, shared, context, budget: int, one_branch: bool
         local.cursor = (local.n,) + local.cursor[1:]
         for c in cands:
             merge(local, c, budget, nodes)
+    shared_walk: dict = {}
     for sh in shareds:
         first_shared = len(cands)
         if len(cands) < prm.max_candidates:
-            gather(sh, ctx, prm, 1.0, cands, one_branch)
+            gather(sh, ctx, prm, 1.0, cands, one_branch, shared_walk)
             for c in cands[first_shared:]:
                 merge(sh, c, budget, nodes)
     # Nothing matched: draft past the context's last 1, 2, ... tokens; when
     # something did, past the last one at wildcard_weight if the pace is low.
     def merge_past(skip: int, local_w: float, shared_w: float, prm: Params = prm) -> None:
-        cands = []
+        cands, shared_walk = [], {}
         if local is not None:
             gather_past(local, ctx, skip, prm, local_w, cands, one_branch, budget, nodes)
         for sh in shareds:
             if len(cands) < prm.max_candidates:
-                gather_past(sh, ctx, skip, prm, shared_w, cands, one_branch, budget, nodes)
+                gather_past(sh, ctx, skip, prm, shared_w, cands, one_branch, budget, nodes, shared_walk)
 
     if len(nodes) > 1:
         if prm.wildcard_weight > 0 and pace < prm.wildcard_pace and len(ctx) > 1 \
@@ -505,11 +521,11 @@ def draft(local: RefStore | None, shared, context, budget: int, one_branch: bool
 
 
 def gather_past(store: RefStore, ctx: list, skip: int, prm: Params, weight: float, cands: list,
-                one_branch: bool, depth: int, nodes: list) -> None:
+                one_branch: bool, depth: int, nodes: list, shared_walk: dict | None = None) -> None:
     """Occurrences of the context minus its last ``skip`` tokens, continued
     ``skip`` tokens further on (none of them a separator), merged."""
     first = len(cands)
-    gather(store, ctx[:-skip], prm, weight, cands, one_branch)
+    gather(store, ctx[:-skip], prm, weight, cands, one_branch, shared_walk)
     for c in cands[first:]:
         if all(c.pos + j < store.n and store.toks[c.pos + j] >= 0 for j in range(1, skip + 1)):
             c.pos += skip

@@ -14,7 +14,6 @@ discovery path as an installed package), so they need no ``pip install``.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import pickle
@@ -26,17 +25,18 @@ import types
 
 import pytest
 
-ALL_FLAGS = (
-    "--speculative-one-branch",
-    "--speculative-lookahead-max-batch-size",
-    "--speculative-lookahead-max-match-len",
-    "--speculative-lookahead-memory-mb",
-    "--speculative-lookahead-path",
-    "--speculative-lookahead-isolation",
-)
-
-
 from sglang_args import _EXTRA_PATH, REPO, _engine_args, _resolve  # noqa: E402
+
+
+def _declared_flags() -> list:
+    """The flag of every field ``LookaheadServerArgs`` adds to SGLang's ``ServerArgs``."""
+    import msgspec
+
+    from lookahead.server_args import LookaheadServerArgs, _original_server_args_class
+
+    base = {f.name for f in msgspec.structs.fields(_original_server_args_class())}
+    return ["--" + f.name.replace("_", "-") for f in msgspec.structs.fields(LookaheadServerArgs)
+            if f.name not in base]
 
 
 def _resolved(record, name):
@@ -71,66 +71,64 @@ def test_register_is_idempotent(plugin):
         SpeculativeAlgorithm.register("LOOKAHEAD")(lambda server_args: None)
 
 
-def test_spec_algo_answers_the_whole_enum_interface(plugin):
+def test_spec_algo_answers_the_whole_enum_interface(plugin, model_dir):
+    """Every method SGLang's ``SpeculativeAlgorithm`` members answer (found by
+    introspection, so a method added upstream is checked too) is answered by
+    LOOKAHEAD as NGRAM answers it, since LOOKAHEAD runs NGRAM's verify flow;
+    only ``is_ngram`` (which would give our worker NGRAM's corpus manager),
+    ``handle_server_args`` and ``create_worker`` are LOOKAHEAD's own."""
+    import inspect
+
     import torch
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     algo = SpeculativeAlgorithm.from_string("LOOKAHEAD")
-    member = SpeculativeAlgorithm.NGRAM
+    ngram = SpeculativeAlgorithm.NGRAM
     interface = {
-        name
+        name: inspect.signature(getattr(ngram, name))
         for name, value in vars(SpeculativeAlgorithm).items()
         if not name.startswith("_")
-        and callable(getattr(member, name, None))
-        and not isinstance(value, classmethod)  # from_string, register
+        and callable(getattr(ngram, name, None))
+        and not isinstance(value, (classmethod, staticmethod))  # from_string, register
     }
+    assert len(interface) > 20, sorted(interface)  # the introspection found the interface
     missing = sorted(n for n in interface if not callable(getattr(algo, n, None)))
     assert not missing, f"LookaheadSpecAlgo lacks {missing}"
+    assert algo.name == "LOOKAHEAD"
 
-    # Every zero-argument question the enum answers, with LOOKAHEAD's answer.
-    expected = {
-        "is_some": True,
-        "is_none": False,
-        "is_speculative": True,
-        "is_eagle": False,
-        "is_eagle3": False,
-        "is_frozen_kv_mtp": False,
-        "is_dflash": False,
-        "is_uno": False,
-        "is_dspark": False,
-        "is_dflash_family": False,
-        "is_standalone": False,
-        "is_ngram": False,
-        "supports_mixed_chunk": False,
-        "supports_target_verify_for_draft": False,
-        "supports_prefill_shared_read_done": False,
-        "supports_ragged_verify": False,
-        "supports_grammar_overlap": False,
-        "has_draft_kv": False,
-        "carries_draft_hidden_states": False,
-        "need_topk": False,
-        "get_platform_worker_cls": None,
-    }
-    zero_arg = {
-        n
-        for n in interface
-        if n.startswith(("is_", "supports_", "has_", "carries_", "need_"))
-        or n == "get_platform_worker_cls"
-    }
-    assert zero_arg <= set(expected), (
-        f"new SpeculativeAlgorithm predicates need a LOOKAHEAD answer: "
-        f"{sorted(zero_arg - set(expected))}"
-    )
-    assert {n: getattr(algo, n)() for n in expected} == expected
+    # Every question without arguments: NGRAM's answer, except is_ngram.
+    questions = {n for n, sig in interface.items() if not sig.parameters}
+    assert {"is_ngram", "has_draft_kv", "need_topk", "get_platform_worker_cls"} <= questions
+    differ = {n: (getattr(algo, n)(), getattr(ngram, n)()) for n in sorted(questions)
+              if getattr(algo, n)() != getattr(ngram, n)()}
+    assert differ == {"is_ngram": (False, True)}, differ
 
-    assert algo.get_num_tokens_per_req_for_target_verify(5, False) == 5
-    assert algo.build_disagg_draft_input(None, None, None) is None
+    # The methods with arguments, called alike on both.
+    own = {"handle_server_args", "create_worker"}  # LOOKAHEAD's own, tested below
+    with_args = set(interface) - questions - own
+    record = _resolve(_engine_args(model_dir))
     pool = types.SimpleNamespace(req_to_token=torch.zeros(4, 8, dtype=torch.int32))
-    future_map = algo.create_future_map(torch.device("cpu"), pool, needs_cpu_seq_lens=False)
-    # NGRAM's relay buffers (FutureMap keys them on is_ngram()), and the CPU
-    # seq lens the worker sizes the GPU verify mask with.
-    assert future_map.spec_algo is SpeculativeAlgorithm.NGRAM
-    assert future_map.needs_cpu_seq_lens is True
+
+    def future_map_layout(spec_algo, **kwargs):
+        fm = spec_algo.create_future_map(torch.device("cpu"), pool, **kwargs)
+        return {k: (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else v
+                for k, v in vars(fm).items() if k != "req_to_token"}
+
+    calls = {
+        "get_num_tokens_per_req_for_target_verify": [(n, d) for n in (1, 2, 8) for d in (False, True)],
+        "build_disagg_draft_input": [(None, None, None)],
+        "resolve_max_speculative_num_draft_tokens": [(record,)],
+    }
+    assert with_args == set(calls) | {"create_future_map"}, (
+        f"SpeculativeAlgorithm methods this test does not call: {sorted(with_args - set(calls))}")
+    for name, arg_lists in calls.items():
+        for args in arg_lists:
+            assert getattr(algo, name)(*args) == getattr(ngram, name)(*args), (name, args)
+    # NGRAM's relay buffers (FutureMap keys them on is_ngram()), and always the
+    # CPU seq lens the worker sizes the verify mask with, as NGRAM's default.
+    for kwargs in ({}, {"needs_cpu_seq_lens": False}, {"needs_confidence_relay": True}):
+        assert future_map_layout(algo, **kwargs) == future_map_layout(
+            ngram, **{**kwargs, "needs_cpu_seq_lens": True}), kwargs
 
 
 def test_overlap_is_off_on_cpu_only_and_the_worker_imports_lazily(plugin, model_dir, monkeypatch):
@@ -146,8 +144,6 @@ def test_overlap_is_off_on_cpu_only_and_the_worker_imports_lazily(plugin, model_
     monkeypatch.setattr(la_args, "disable_overlap_on_cpu", lambda sa: None)
     overlapped = _resolve(_engine_args(model_dir))
     assert _resolved(overlapped, "disable_overlap_schedule") is False
-    if importlib.util.find_spec("lookahead.worker") is None:
-        pytest.skip("lookahead.worker is not written yet")
     worker_cls = algo.create_worker(overlapped)
     assert worker_cls.__name__ == "LookaheadWorker"
     assert worker_cls.__module__ == "lookahead.worker"
@@ -401,11 +397,9 @@ def test_accessor_follows_record_pickle_and_published_bag(plugin, model_dir, tmp
 
 
 def test_documented_defaults_match_the_cache(plugin):
-    try:
-        from lookahead.cache import LookaheadConfig
-    except ImportError as exc:  # the native trie is not built
-        pytest.skip(f"lookahead.cache unavailable: {exc}")
     import argparse
+
+    from lookahead.cache import LookaheadConfig
 
     from lookahead.server_args import LookaheadServerArgs
 
@@ -529,7 +523,9 @@ def fresh_processes(plugin, model_dir, tmp_path_factory):
 def test_help_lists_the_options(fresh_processes):
     rc, out = fresh_processes["help"]
     assert rc == 0, out[-3000:]
-    for flag in ALL_FLAGS:
+    flags = _declared_flags()
+    assert "--speculative-lookahead-corpus" in flags and "--speculative-lookahead-hybrid" in flags
+    for flag in flags:
         assert flag in out, flag
     assert "LOOKAHEAD only." in out
     assert "--speculative-num-draft-tokens" in out

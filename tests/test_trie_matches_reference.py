@@ -203,11 +203,52 @@ def test_reference_with_many_candidates():
     assert nonempty > 60
 
 
-def test_reference_on_real_tokens():
-    """Real token ids (the humaneval replay trace) through the default drafting knobs."""
+def _code_pairs(tokenizer_json: str, limit: int = 12, max_response: int = 120) -> list:
+    """HumanEval-shaped ``(prompt, response)`` pairs of real token ids: the
+    standard library's functions with a docstring, the signature and
+    docstring as the prompt and the body (its first ``max_response`` tokens)
+    as the response, tokenized by a real LLM tokenizer."""
+    import argparse
+    import ast
+    import difflib
+    import inspect
+    import shlex
+    import textwrap
+
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(tokenizer_json)
+    pairs = []
+    for module in (textwrap, shlex, difflib, argparse):
+        source = inspect.getsource(module)
+        lines = source.splitlines(keepends=True)
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.FunctionDef) and ast.get_docstring(node) and len(node.body) > 1:
+                docstring_end = node.body[0].end_lineno
+                prompt = tokenizer.encode("".join(lines[node.lineno - 1: docstring_end])).ids
+                body = tokenizer.encode("".join(lines[docstring_end: node.end_lineno])).ids[:max_response]
+                pairs.append((prompt, body))
+                if len(pairs) == limit:
+                    return pairs
+    return pairs
+
+
+def test_reference_on_real_tokens(real_model):
+    """Real token ids (Python source through SmolLM2's tokenizer, as the
+    tests' real model has it) through the default drafting knobs."""
+    pairs = _code_pairs(str(Path(real_model) / "tokenizer.json"))
+    assert len(pairs) == 12 and max(max(p + r) for p, r in pairs) > 10_000  # ids beyond a toy vocabulary
+    nonempty, _ = replay_against_reference(LookaheadConfig(max_memory_bytes=1 << 20), pairs, seed=11, draft_every=2)
+    assert nonempty > 50
+
+
+def test_reference_on_the_humaneval_trace():
+    """The humaneval replay trace's token ids, where this lab's traces are
+    (``../shared/traces``, outside the repository)."""
     path = REPO.parent / "shared" / "traces" / "humaneval.jsonl.gz"
     if not path.exists():
-        pytest.skip(f"{path} not found")
+        pytest.skip(f"the lab's replay trace {path} is not on this machine "
+                    "(test_reference_on_real_tokens covers real token ids without it)")
     from lookahead.replay import load_trace
 
     pairs = load_trace(str(path), limit=12)

@@ -53,6 +53,11 @@ cdef extern from "Python.h":
 cdef enum:
     # Most candidate occurrences gathered for one draft (scratch sizing).
     MAX_CANDIDATES_LIMIT = 256
+    # In a frozen store's chain, the tokens of the occurrences this many
+    # steps ahead are loaded while the current one is verified.
+    FROZEN_AHEAD = 6
+
+cdef uint32_t NO_CHAIN = 0xFFFFFFFF
 
 cdef double PACE_DECAY = 0.8     # how much of its pace a request keeps at each draft (see _draft)
 
@@ -193,6 +198,27 @@ cdef inline void _prefetch_heads(NativeStore* s, const int32_t* ctx, int ctx_len
         _prefetch_heads(s, ctx, ctx_len - 1, False)
 
 
+cdef inline void _prefetch_frozen(NativeStore* s, const uint64_t* hashes, int ctx_len,
+                                  const DraftParams* prm) noexcept nogil:
+    # A frozen store's chains (see ``frozen`` in _native.hpp) start with two
+    # dependent loads each, the first position and then its token: issue
+    # them for every order at once, in two rounds, rather than one order
+    # after the other (must hold s.mtx; the chain heads were prefetched).
+    cdef int o, shift = 64 - s.hbits
+    cdef uint32_t first[MAX_ORDERS]
+    cdef uint32_t slot
+    for o in range(s.norders):
+        first[o] = NO_CHAIN
+        if s.frozen >> o & 1 and s.orders[o] <= ctx_len and s.orders[o] >= prm.min_match:
+            slot = <uint32_t>(hashes[o] >> shift)
+            if s.cstart[o][slot] < s.cstart[o][slot + 1]:
+                first[o] = s.cstart[o][slot]
+                __builtin_prefetch(&s.occ[o][first[o]])
+    for o in range(s.norders):
+        if first[o] != NO_CHAIN:
+            __builtin_prefetch(&s.tok[s.occ[o][first[o]] & s.mask])
+
+
 cdef inline int64_t _latest(NativeStore* s, int o, uint64_t h) noexcept nogil:
     # The latest position whose order-``o`` n-gram hashes to ``h``'s slot
     # (the head of its chain; must hold s.mtx), or -1.  Heads hold
@@ -266,10 +292,14 @@ cdef int _gather(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftPar
     cdef size_t order_start
     cdef double scale
     cdef int total
+    cdef bint laid_out
+    cdef uint32_t ci = 0, cend = 0, slot, a
 
     if s.n_indexed == 0 or ctx_len == 0:
         return 0
     _suffix_hashes(s, ctx, ctx_len, hashes)
+    if s.frozen:
+        _prefetch_frozen(s, hashes, ctx_len, prm)
     o = s.norders - 1
     while o >= 0:
         k = s.orders[o]
@@ -289,8 +319,19 @@ cdef int _gather(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftPar
         # step is a cache miss in a large store, and independent chains
         # wait for memory at the same time.  They only read, so what is
         # gathered does not change.
+        # A frozen order's chain is an array (see ``frozen`` in _native.hpp):
+        # the tokens of its first occurrences are loaded at once.
+        laid_out = s.frozen >> o & 1
+        if laid_out:
+            slot = <uint32_t>(hashes[o] >> (64 - s.hbits))
+            ci = s.cstart[o][slot]
+            cend = s.cstart[o][slot + 1]
+            for a in range(ci + 1, min(cend, ci + 1 + FROZEN_AHEAD)):
+                __builtin_prefetch(&s.tok[s.occ[o][a] & s.mask])
         nscouts = 0
         for so in range(o - 1, -1, -1):
+            if s.frozen >> so & 1:
+                continue   # (its chain is an array: nothing to scout)
             sq = _chain_start(s, so, hashes, ctx_len, prm)
             if sq >= 0:
                 scout_order[nscouts] = so
@@ -301,6 +342,9 @@ cdef int _gather(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftPar
                 nscouts += 1
         steps = 0
         while q >= base and q < s.n_indexed and steps < walk:
+            # The link to the next occurrence, loaded while the match is verified.
+            if not laid_out:
+                __builtin_prefetch(&s.prev[o][q & s.mask])
             for j in range(nscouts):
                 sq = scout_q[j]
                 if sq >= base and sq < s.n_indexed and steps < scout_walk[j]:
@@ -345,6 +389,14 @@ cdef int _gather(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftPar
                     found += 1
                     if <int>cands.size() >= prm.max_candidates:
                         break
+            if laid_out:
+                ci += 1
+                if ci >= cend:
+                    break
+                if ci + FROZEN_AHEAD < cend:
+                    __builtin_prefetch(&s.tok[s.occ[o][ci + FROZEN_AHEAD] & s.mask])
+                q = s.occ[o][ci]
+                continue
             d = s.prev[o][q & s.mask]
             if d == 0:
                 break
@@ -568,6 +620,14 @@ cdef double _draft(NativeStore* local, NativeStore* const* shared, int nshared,
     cdef NativeStore* sh
     cdef SharedWalk sw
     _fresh_walk(&sw)
+    if nshared > 1:
+        # Several stores (a history and corpora, or a corpus in pieces): the
+        # chain heads of all of them are loaded at once.
+        for si in range(nshared):
+            sh = shared[si]
+            if sh != NULL and sh.mtx.try_lock_shared():
+                _prefetch_heads(sh, ctx, ctx_len, False)
+                sh.mtx.unlock_shared()
     for si in range(nshared):
         sh = shared[si]
         if sh == NULL or <int>cands.size() >= prm.max_candidates or not sh.mtx.try_lock_shared():

@@ -105,6 +105,17 @@ struct NativeStore {
   bool ring = false;
   bool scoped = false;    // a scope's history: resized by resize_store, its key width fixed
   bool sparse = false;
+  // A store that no longer changes (a corpus piece, once loaded): its chains
+  // laid out one after another instead of linked (see _freeze_order in
+  // _store.pyx), order by order.  A frozen order's head and prev are empty;
+  // its chain of key k is
+  // occ[o][cstart[o][k] .. cstart[o][k + 1]), newest first, the same
+  // positions in the same order as the links would give, but read from
+  // consecutive memory: a draft knows the next positions before it reaches
+  // them and loads their tokens at once, instead of one cache miss per step.
+  uint32_t frozen = 0;  // bit o: order o is laid out so
+  std::vector<BigVector<uint32_t>> cstart;  // per order, while frozen: 2**hbits + 1 chain starts
+  std::vector<BigVector<uint32_t>> occ;     // per order, while frozen: the chains' positions
   int norders = 0;
   int orders[8] = {0};
   // Writers lock it exclusively, one bounded chunk at a time; drafts only
@@ -275,9 +286,14 @@ inline size_t map_bytes(const NativeStore* s) noexcept {
 // The head of ``key``'s chain in either layout (0: none), and where it lies
 // (to prefetch).
 inline uint32_t chain_head(const NativeStore* s, int o, uint32_t key) noexcept {
+  if (s->frozen >> o & 1) {
+    const uint32_t first = s->cstart[o][key];
+    return first < s->cstart[o][key + 1] ? s->occ[o][first] + 1 : 0;
+  }
   return s->sparse ? map_find(s, o, key) : s->head[o][key];
 }
 inline const void* chain_head_address(const NativeStore* s, int o, uint32_t key) noexcept {
+  if (s->frozen >> o & 1) return &s->cstart[o][key];
   if (s->sparse) return &s->smap[o][map_home(s->hbits, s->mbits, key)];
   return &s->head[o][key];
 }

@@ -40,6 +40,9 @@ cdef extern from "_native.hpp" namespace "lookahead" nogil:
         bint ring
         bint scoped
         bint sparse
+        uint32_t frozen
+        vector[vector[uint32_t]] cstart
+        vector[vector[uint32_t]] occ
         int norders
         int orders[8]
         shared_mutex mtx

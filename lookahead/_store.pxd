@@ -38,6 +38,7 @@ cdef class TokenStore:
     cdef DraftState draft_state   # read and written by drafts, with the GIL held
 
     cdef int _out_of_memory(self, int64_t count) except -1
+    cdef int _check_writable(self) except -1
     cdef void _copy(self, int64_t start, int64_t end, vector[int32_t]& out) noexcept nogil
     cdef StoreCounts _counts(self) noexcept nogil
 

@@ -271,6 +271,56 @@ cdef void _apply_insert(NativeStore* s, const int32_t* tokens, int64_t count, bi
         _store_append_chunked(s, tokens, count)
 
 
+cdef bint _whole_hash(NativeStore* s, int64_t p, int k, uint64_t* h) noexcept nogil:
+    # The hash of the k-gram ending at p, as _index_locked keys it; False if
+    # it holds a separator (then no chain holds p at that order).
+    cdef int j
+    cdef int32_t t
+    h[0] = 0
+    for j in range(k):
+        t = s.tok[(p - j) & s.mask]
+        if t < 0:
+            return False
+        h[0] = hash_step(h[0], t)
+    return True
+
+
+cdef int _freeze_order(NativeStore* s, int o) except -1 nogil:
+    """Lay out order ``o``'s chains one after another (``frozen`` in
+    _native.hpp), then free its links and heads.  Caller holds ``s.mtx``
+    exclusively, on a store fit for it (see TokenStore.freeze).  A chain
+    holds the positions whose n-gram hashes to its key, newest first, as
+    _index_locked links them: counted, then placed (a counting sort)."""
+    cdef int64_t p, n = s.n
+    cdef int k = s.orders[o], shift = 64 - s.hbits
+    cdef size_t slots = <size_t>1 << s.hbits, i
+    cdef uint64_t h
+    cdef uint32_t slot
+    s.cstart[o].assign(slots + 1, 0)   # a bad_alloc leaves the order linked (see freeze)
+    for p in range(k - 1, n):
+        if _whole_hash(s, p, k, &h):
+            s.cstart[o][(h >> shift) + 1] += 1
+    for i in range(slots):
+        s.cstart[o][i + 1] += s.cstart[o][i]
+    s.occ[o].resize(s.cstart[o][slots])
+    # Newest first: positions descending, each placed at its chain's cursor,
+    # which ends at the chain's end, the next chain's start: shifted back.
+    for p in range(n - 1, k - 2, -1):
+        if _whole_hash(s, p, k, &h):
+            slot = <uint32_t>(h >> shift)
+            s.occ[o][s.cstart[o][slot]] = <uint32_t>p
+            s.cstart[o][slot] += 1
+    for i in range(slots, 0, -1):
+        s.cstart[o][i] = s.cstart[o][i - 1]
+    s.cstart[o][0] = 0
+    s.frozen |= <uint32_t>1 << o
+    s.head[o].clear()
+    s.head[o].shrink_to_fit()
+    s.prev[o].clear()
+    s.prev[o].shrink_to_fit()
+    return 0
+
+
 cdef int _check_resize(TokenStore store, int64_t capacity) except -1:
     if not store.s.scoped:
         raise ValueError("only a scope's history (key_bits >= 0) is resized")
@@ -335,6 +385,7 @@ cdef class TokenStore:
         call :meth:`index_pending` (or queue it on an :class:`Inserter`)."""
         cdef int64_t count = tokens.shape[0]
         cdef bint appended
+        self._check_writable()
         if count == 0:
             return
         with nogil:
@@ -348,6 +399,7 @@ cdef class TokenStore:
         store cannot grow to hold them (``MemoryError``)."""
         cdef vector[int32_t] buf
         cdef bint appended = True
+        self._check_writable()
         _read_tokens(tokens, -1, max_id, buf, what)
         if buf.size():
             with nogil:
@@ -363,6 +415,7 @@ cdef class TokenStore:
     def append_indexed(self, const int32_t[::1] tokens):
         """Append and index a long run in lock-bounded chunks (no GIL)."""
         cdef int64_t count = tokens.shape[0]
+        self._check_writable()
         if count == 0:
             return
         with nogil:
@@ -375,6 +428,7 @@ cdef class TokenStore:
 
     def index_pending(self):
         """Index all appended tokens (no GIL, one chunk per lock hold)."""
+        self._check_writable()
         with nogil:
             _store_catch_up(self.s)
 
@@ -425,6 +479,8 @@ cdef class TokenStore:
         c.index_bytes = map_bytes(s)
         for o in range(s.norders):
             c.index_bytes += s.prev[o].size() * 4 + s.head[o].size() * 4
+            if s.frozen >> o & 1:
+                c.index_bytes += s.cstart[o].size() * 4 + s.occ[o].size() * 4
         s.mtx.unlock_shared()
         return c
 
@@ -451,6 +507,57 @@ cdef class TokenStore:
         """Bytes held by the stream and its index."""
         cdef StoreCounts c = self._counts()
         return c.cap * 4 + c.index_bytes
+
+    cdef int _check_writable(self) except -1:
+        if self.s.frozen:
+            raise ValueError("this token store is frozen (see freeze): it is not written to any more")
+        return 0
+
+    def freeze(self):
+        """Lay out the chains of a store that will not change any more (a
+        corpus piece, once loaded) one after another instead of linked, for
+        faster drafts (``frozen`` in _native.hpp); drafts read the same
+        occurrences in the same order.  One order at a time, each under the
+        store's lock (drafts skip the store meanwhile), its links freed as
+        soon as it is laid out, so memory grows by at most one order's index
+        meanwhile.  Afterwards nothing may be appended.  Returns whether it
+        was frozen: only a ring that is fully indexed and has never wrapped
+        is (a corpus piece); anything else is left as it is."""
+        cdef NativeStore* s = self.s
+        cdef int o
+        cdef bint fit
+        s.mtx.lock_shared()
+        fit = (s.ring and not s.scoped and not s.sparse and s.n <= s.cap and s.lo == 0
+               and s.n_indexed == s.n and s.n < (<int64_t>1 << 32))
+        s.mtx.unlock_shared()
+        if not fit:
+            return False
+        if not s.frozen:
+            s.cstart.resize(s.norders)
+            s.occ.resize(s.norders)
+        for o in range(s.norders):
+            if s.frozen >> o & 1:
+                continue
+            try:
+                with nogil:
+                    s.mtx.lock()
+                    try:
+                        _freeze_order(s, o)
+                    finally:
+                        s.mtx.unlock()
+            except MemoryError:
+                # This order stays linked (and readable); what it got is freed.
+                s.cstart[o].clear()
+                s.cstart[o].shrink_to_fit()
+                s.occ[o].clear()
+                s.occ[o].shrink_to_fit()
+                raise
+        return True
+
+    @property
+    def frozen(self):
+        """Whether :meth:`freeze` laid out this store's chains."""
+        return self.s.frozen != 0
 
     @property
     def sparse(self):

@@ -27,7 +27,9 @@ document ends when one ends near the cut.
 Loading.  Tokens are appended and indexed in slices, the store's lock
 released between 32-token chunks (``TokenStore.append_indexed``, no GIL),
 so a draft never waits for a load, and the corpus is drafted from while it
-loads (what is indexed so far).  A removal during the load stops it at the
+loads (what is indexed so far).  A loaded piece is frozen
+(``TokenStore.freeze``): its chains become arrays, which drafts walk
+without a cache miss per step.  A removal during the load stops it at the
 next slice; the load then raises :class:`CorpusRemoved`.
 
 Token streams follow SGLang's NGRAM external corpus: ``token_chunks`` are
@@ -283,6 +285,10 @@ class CorpusSet:
                 store.append_indexed(np.ascontiguousarray(stream[pos:step]))
                 corpus.loaded += step - pos
                 pos = step
+            # The piece is complete and never changes again: its chains laid
+            # out as arrays make its drafts faster (same occurrences, same order).
+            if not corpus.cancel.is_set():
+                store.freeze()
         with self._lock:
             if corpus.cancel.is_set():
                 raise CorpusRemoved(f"corpus {corpus.corpus_id!r} was removed while it loaded "

@@ -201,8 +201,9 @@ def test_a_ten_million_token_corpus_stays_within_its_budget():
         stats = cache.stats()
         assert stats["corpus_tokens"] == n
         held = sum(s.nbytes for s in cache._corpora._corpora["big"].stores)
-        assert stats["corpus_bytes"] == held <= budget
-        assert held == sum(piece_bytes(c, 4) for c in piece_sizes(n))
+        # Charged as loaded (linked chains); frozen, the pieces hold no more.
+        assert stats["corpus_bytes"] == sum(piece_bytes(c, 4) for c in piece_sizes(n)) <= budget
+        assert held <= stats["corpus_bytes"]
         cache.put_prompt("r", tokens[5_000_000:5_000_040])
         assert cache.draft("r", tokens[5_000_000:5_000_040], 7).tokens[:3] == tokens[5_000_040:5_000_043].tolist()
         print(f"10M-token corpus: {held / 2**20:.0f} MiB, indexed in {seconds:.1f} s")
@@ -435,3 +436,48 @@ def test_replay_measures_a_corpus(tmp_path, capsys):
     with_corpus = [r for k, r in rows.items() if "corpus" in k][0]
     without = [r for k, r in rows.items() if "corpus" not in k][0]
     assert with_corpus["acceptance_length"] >= 2 * without["acceptance_length"], (with_corpus, without)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_frozen_store_drafts_as_it_did_linked(seed):
+    # freeze() lays the chains out as arrays: the same occurrences in the
+    # same order, so the same drafts, hash collisions included (few slots).
+    from lookahead._drafting import Drafter
+    from lookahead._store import TokenStore
+    from lookahead.cache import Draft
+
+    rng = np.random.default_rng(seed)
+    vocab = int(rng.choice([5, 50, 5000]))
+    stream = rng.integers(0, vocab, 6000).astype(np.int32)
+    stream[rng.random(6000) < 0.03] = -1
+    orders = (1, 2, 4, 8)
+    linked, frozen = (TokenStore(8192, True, orders) for _ in range(2))
+    for s in (linked, frozen):
+        s.append_indexed(stream)
+    assert frozen.freeze() and frozen.frozen and not linked.frozen
+    config = DraftTuning(max_walk=5, low_walk=9, enough_candidates=6).native(32)
+    drafter = Drafter(Draft)
+    for _ in range(300):
+        end = int(rng.integers(1, len(stream)))
+        ctx = stream[max(0, end - 40):end]
+        ctx = ctx[ctx >= 0] if rng.random() < 0.5 else rng.integers(0, vocab, 12).astype(np.int32)
+        if not len(ctx):
+            continue
+        budget, one_branch = int(rng.integers(1, 12)), bool(rng.random() < 0.3)
+        want = drafter.draft_context(None, linked, ctx, budget, one_branch, config, 2**31 - 1)
+        got = drafter.draft_context(None, frozen, ctx, budget, one_branch, config, 2**31 - 1)
+        assert got == want
+    assert frozen.nbytes <= linked.nbytes + 4 * len(orders)
+    with pytest.raises(ValueError, match="frozen"):
+        frozen.append_indexed(stream[:10])
+    # A store that is not a fully indexed, unwrapped ring is left as it is.
+    grown = TokenStore(64, False, orders)
+    grown.append_indexed(stream[:100])
+    assert not grown.freeze() and not grown.frozen
+
+
+def test_a_loaded_corpus_is_frozen():
+    with open_cache(background=False) as cache:
+        cache.add_corpus("manual", [ANSWER])
+        stores = cache._corpora.view["manual"][1]
+        assert stores and all(s.frozen for s in stores)

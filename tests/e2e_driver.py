@@ -8,7 +8,9 @@ path, the prompts, and a list of runs: engine keyword arguments, the
 sampling parameters, and the prompt groups to submit as one ``generate``
 call each (a group of n prompts is decoded as a batch of n). Prompts are
 texts or token-id lists; ``"server_info": [keys]`` records those keys of the
-scheduler's internal state after each group; ``"overlap_on_cpu": true``
+scheduler's internal state after each group; ``"top_logprobs": k`` records
+each output token's ``k`` most likely tokens (what ``tests/numerics.py``
+reads near ties from); ``"overlap_on_cpu": true``
 starts the engine with overlap scheduling (see ``_overlap_on_cpu``).
 """
 
@@ -127,12 +129,14 @@ def main(spec_path: str, out_path: str) -> None:
             groups = run.get("groups") or [list(range(len(texts)))]
             outputs, infos = {}, []
             t0 = time.time()
+            top = run.get("top_logprobs", 0)
+            logprobs = {"return_logprob": True, "top_logprobs_num": top} if top else {}
             for group in groups:
                 batch = [texts[i] for i in group]
                 if all(isinstance(p, list) for p in batch):  # token-id prompts
-                    outs = engine.generate(input_ids=batch, sampling_params=run["sampling"])
+                    outs = engine.generate(input_ids=batch, sampling_params=run["sampling"], **logprobs)
                 else:
-                    outs = engine.generate(batch, run["sampling"])
+                    outs = engine.generate(batch, run["sampling"], **logprobs)
                 for i, o in zip(group, outs):
                     meta = o["meta_info"]
                     outputs[i] = {
@@ -141,6 +145,8 @@ def main(spec_path: str, out_path: str) -> None:
                         "spec_accept_length": meta.get("spec_accept_length"),
                         "completion_tokens": meta.get("completion_tokens"),
                     }
+                    if top:
+                        outputs[i]["output_top_logprobs"] = meta.get("output_top_logprobs")
                 if run.get("server_info"):
                     # What the scheduler reports after each group (e.g. the hybrid's stats).
                     state = engine.get_server_info()["internal_states"][0]

@@ -173,12 +173,16 @@ cdef inline void _score_children(DraftTree& tree, int32_t parent, double confide
         j = tree.nodes[j].next_sibling
 
 
-cdef double _select(DraftTree& tree, int budget, bint one_branch, double confidence,
+cdef double _select(DraftTree& tree, int budget, bint one_branch, double confidence, double min_score,
                     vector[int32_t]& frontier, vector[int32_t]& out_tokens,
                     vector[int32_t]& out_parents) noexcept nogil:
     """Pick the draft: the heaviest chain, or the ``budget`` heaviest nodes.
     Returns the draft's expected accepted tokens: the sum of its nodes' scores,
     each the estimated probability that the target accepts the path to it.
+
+    A node scoring below ``min_score`` is not drafted: where verifying a
+    token costs something (a compute-bound forward, as on a CPU), a node
+    the target will likely reject costs more than it is expected to bring.
 
     A node's score never exceeds its parent's, so taking nodes best-first
     from the frontier yields a connected tree whose parents precede children.
@@ -206,6 +210,8 @@ cdef double _select(DraftTree& tree, int budget, bint one_branch, double confide
                 break
             # Scored as a tree's nodes are (_score_children), down the chain.
             score *= tree.nodes[best].weight / (tree.nodes[c].weight + confidence)
+            if score < min_score:
+                break
             expected += score
             out_parents.push_back(<int32_t>out_tokens.size() - 1)
             out_tokens.push_back(tree.nodes[best].token)
@@ -219,6 +225,8 @@ cdef double _select(DraftTree& tree, int budget, bint one_branch, double confide
             if _likelier(tree.nodes, frontier[k], frontier[best]):
                 best = <int32_t>k
         c = frontier[best]
+        if tree.nodes[c].score < min_score:
+            break  # the best left; every other scores as low or lower
         frontier[best] = frontier[frontier.size() - 1]
         frontier.pop_back()
         tree.nodes[c].slot = <int32_t>out_tokens.size()

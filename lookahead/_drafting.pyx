@@ -87,6 +87,7 @@ cdef struct DraftParams:
     int wildcard_walk      # ... gathered walking this many occurrences per order, stopping at as many
     double wildcard_below  # ... only while the direct matches weigh less than this in all
     double output_weight   # while the pace is below wildcard_pace: own-output occurrences weigh this much more than own-prompt ones
+    double min_score       # nodes scoring below this are not drafted (_select)
 
 
 cdef struct Candidate:
@@ -129,7 +130,7 @@ cdef class DraftConfig:
                   double confidence, double order_norm, int top_walk, int low_walk, int anchor_window,
                   int anchor_below, int anchor_gap, int anchor_min, double copy_boost, int wildcard_tokens,
                   double mismatch_weight, double wildcard_weight, double wildcard_pace, int wildcard_walk,
-                  double output_weight, double wildcard_below):
+                  double output_weight, double wildcard_below, double min_score=0.0):
         self.p.max_match = max_match_len
         self.p.max_walk = max_walk
         self.p.max_candidates = min(max_candidates, MAX_CANDIDATES_LIMIT)
@@ -154,6 +155,17 @@ cdef class DraftConfig:
         self.p.wildcard_walk = wildcard_walk
         self.p.wildcard_below = wildcard_below
         self.p.output_weight = output_weight
+        self.p.min_score = min_score
+
+    @property
+    def min_score(self):
+        """Nodes scoring below this are not drafted; settable while drafts
+        run (``LookaheadCache.min_score``: one double, read once per draft)."""
+        return self.p.min_score
+
+    @min_score.setter
+    def min_score(self, double value):
+        self.p.min_score = value
 
 
 cdef inline double _powi(double base, double e) noexcept nogil:
@@ -661,7 +673,7 @@ cdef double _draft(NativeStore* local, NativeStore* const* shared, int nshared,
             _merge_past(local, shared, nshared, ctx, ctx_len, skip, depth, one_branch, prm, local_weight, 1.0,
                         cands, tree)
             skip += 1
-    return _select(tree, budget, one_branch, prm.confidence, frontier, out_tokens, out_parents)
+    return _select(tree, budget, one_branch, prm.confidence, prm.min_score, frontier, out_tokens, out_parents)
 
 
 cdef void _merge_past(NativeStore* local, NativeStore* const* shared, int nshared, const int32_t* ctx,

@@ -50,6 +50,8 @@ class DraftTuning:
     wildcard_below: float = 400.0  # ... only while the direct matches weigh less (a 10-token own-stream match)
     # Own output over own prompt (_weigh_output).
     output_weight: float = 2.0  # a request below wildcard_pace: its own output weighs this much more than its prompt
+    # What a drafted token must be worth (_select).
+    min_score: float = 0.0  # nodes whose estimated acceptance is below this are not drafted (0: off)
 
     def __post_init__(self):
         for name in ("max_walk", "top_walk", "low_walk", "max_candidates", "enough_candidates",
@@ -58,7 +60,7 @@ class DraftTuning:
         for name in ("anchor_window", "wildcard_tokens"):
             check_int(getattr(self, name), 0, name)
         for name in ("match_exponent", "confidence", "order_norm", "copy_boost", "mismatch_weight",
-                     "wildcard_weight", "wildcard_pace", "wildcard_below"):
+                     "wildcard_weight", "wildcard_pace", "wildcard_below", "min_score"):
             check_number(getattr(self, name), 0, name)
         for name in ("local_weight", "chain_local_weight"):
             check_number(getattr(self, name), 0, name, above=True)

@@ -28,7 +28,7 @@ from lookahead._drafting import Drafter
 from lookahead._store import Inserter, TokenStore
 from lookahead._tokens import read_tokens
 from lookahead._tuning import TUNING_FIELDS, DraftTuning
-from lookahead.config import LookaheadConfig
+from lookahead.config import LookaheadConfig, check_number
 from lookahead.corpora import CorpusOverBudget, CorpusSet
 from lookahead.scopes import Drop, ScopeBudget, check_scope
 from lookahead.tokens import MAX_TOKEN_ID, check_budget
@@ -129,6 +129,17 @@ class LookaheadCache:
             self._log = _DraftLog(log)
             self.draft = self._logged_draft
             self.batch_draft = self._logged_batch_draft
+
+    @property
+    def min_score(self) -> float:
+        """Draft nodes whose estimated acceptance is below this are left out
+        (0: drafts fill their budget).  The server's worker sets it from the
+        measured cost of verifying a token (``lookahead.verify_cost``)."""
+        return self._draft_config.min_score
+
+    @min_score.setter
+    def min_score(self, value: float) -> None:
+        self._draft_config.min_score = check_number(value, 0, "min_score", finite=True)
 
     # -- feeding -------------------------------------------------------------
 

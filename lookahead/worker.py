@@ -46,6 +46,7 @@ from sglang.srt.utils import is_cpu
 
 from lookahead import sglang_hooks
 from lookahead.cache import Draft, LookaheadCache
+from lookahead.verify_cost import VerifyCost
 from lookahead.request_feed import RequestFeed
 from lookahead.server_args import get_lookahead_args
 from lookahead.step_policy import StepPolicy
@@ -108,6 +109,12 @@ class LookaheadWorker(NGRAMWorker):
         self.policy = StepPolicy(self.args.speculation_bound, local_costs=self.tp_size == 1) \
             if self.args.adaptive else None
         self._timed = None  # (batch size, speculated, start) of the last decode step
+        # Where widths follow the drafts (no graph tiers), a drafted token must
+        # be worth its measured verify cost. Not with tensor parallelism: every
+        # rank must draft the same trees, and its timings are its own.
+        self.verify_cost = VerifyCost() if self.plan.free_width and self.tp_size == 1 else None
+        self._costed = None  # (verified tokens, start) of the last decode step, for verify_cost
+        self._committed = 0  # tokens the last verify committed
         self._expected = collections.deque()  # per decode step awaiting its acceptance: expected drafts
         self._decode_steps = 0
 
@@ -182,6 +189,7 @@ class LookaheadWorker(NGRAMWorker):
 
     def on_verify_complete_cpu(self, num_correct_drafts_per_req: list, batch_size: int = 0) -> None:
         self.stats.record_accept(num_correct_drafts_per_req)
+        self._committed = sum(num_correct_drafts_per_req) + len(num_correct_drafts_per_req)
         if self.policy is not None and self._expected:
             expected = self._expected.popleft()  # results arrive in step order
             if expected:
@@ -196,6 +204,8 @@ class LookaheadWorker(NGRAMWorker):
         self._step = None
         if self.policy is not None:
             self._time_step(batch)
+        if self.verify_cost is not None:
+            self._cost_step(batch)
         if batch.forward_mode.is_extend():
             self.feed.start(batch.reqs)
             reset_counts(batch.reqs)  # a prefill gives the requests fresh penalizer rows
@@ -207,6 +217,8 @@ class LookaheadWorker(NGRAMWorker):
             result.speculative_output_stride = width
             result.next_draft_input = self._full_width(result.next_draft_input, width)
             self.stats.record_step(width, bool(result.can_run_cuda_graph), reason, waited)
+            if self._costed is not None:
+                self._costed = (width * len(batch.reqs), self._costed[1])
             if self.policy is not None:
                 self._expected.append(expected)
                 self._timed = (len(batch.reqs), width > 1, self._timed[2])
@@ -227,6 +239,16 @@ class LookaheadWorker(NGRAMWorker):
             if self._decode_steps % POLICY_SYNC_STEPS == 0:
                 # Every rank decides from rank 0's measurements, adopted at the same step.
                 self.policy.adopt(get_parallel().tp_group.broadcast_object(self.policy.measured_table(), src=0))
+
+    def _cost_step(self, batch: ScheduleBatch) -> None:
+        """The previous decode step's cost and yield go to ``verify_cost``
+        (a prefill in between makes the time no decode step's), and the
+        drafts of this step leave out nodes below the floor it sets."""
+        now = time.perf_counter()
+        if self._costed is not None and self._costed[0] and batch.forward_mode.is_decode():
+            self.verify_cost.record(self._costed[0], self._committed, now - self._costed[1])
+            self.cache.min_score = self.verify_cost.min_score()
+        self._costed = (0, now) if batch.forward_mode.is_decode() else None
 
     def _update_ngram_corpus(self, batch: ScheduleBatch):
         # The trie is fed before drafting (_prepare_draft_tokens), not after verify.

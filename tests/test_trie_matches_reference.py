@@ -52,6 +52,7 @@ RANDOM_CONFIG = st.fixed_dictionaries({
     "min_match_len": st.sampled_from([1, 1, 2, 3, 4]),
     "confidence": st.sampled_from([0.0, 1.0, 8.0]),
     "order_norm": st.sampled_from([0.0, 0.5, 1.0]),
+    "min_score": st.sampled_from([0.0, 0.0, 0.05, 0.3]),
     "share_outputs": st.sampled_from([True, True, False]),
     "share_prompt_tail": st.sampled_from([0, 1, 3, 8, 10]),
     "flush_tokens": st.sampled_from([1, 3, 8, 128]),

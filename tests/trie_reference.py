@@ -247,6 +247,7 @@ class Params:
     wildcard_walk: int
     wildcard_below: float
     output_weight: float
+    min_score: float = 0.0
 
     def __post_init__(self):
         self.max_candidates = min(self.max_candidates, MAX_CANDIDATES_LIMIT)
@@ -418,8 +419,10 @@ def follow_copy(store: RefStore, ctx: list, prm: Params, weight: float, cands: l
     store.cursor = (last_n, q, heaviest.pos if heaviest is not None else -1)  # draft advances n
 
 
-def select(nodes: list, budget: int, one_branch: bool, confidence: float) -> tuple[list, list, float]:
-    """The draft and its expected accepted tokens: the sum of its nodes' scores."""
+def select(nodes: list, budget: int, one_branch: bool, confidence: float,
+           min_score: float = 0.0) -> tuple[list, list, float]:
+    """The draft and its expected accepted tokens: the sum of its nodes'
+    scores; a node scoring below ``min_score`` is not drafted."""
     tokens, parents, expected = [], [], 0.0
     if budget <= 0 or len(nodes) <= 1:
         return tokens, parents, expected
@@ -428,6 +431,8 @@ def select(nodes: list, budget: int, one_branch: bool, confidence: float) -> tup
         while len(tokens) < budget and nodes[cur].children:
             best = max(nodes[cur].children, key=lambda j: (nodes[j].weight, -j))
             score *= nodes[best].weight / (nodes[cur].weight + confidence)
+            if score < min_score:
+                break
             expected += score
             parents.append(len(tokens) - 1)
             tokens.append(nodes[best].token)
@@ -446,6 +451,8 @@ def select(nodes: list, budget: int, one_branch: bool, confidence: float) -> tup
     score_children(0)
     while len(tokens) < budget and frontier:
         best = max(frontier, key=lambda j: (nodes[j].score, -j))
+        if nodes[best].score < min_score:
+            break
         frontier.remove(best)
         out_index[best] = len(tokens)
         tokens.append(nodes[best].token)
@@ -517,7 +524,7 @@ def draft(local: RefStore | None, shared, context, budget: int, one_branch: bool
         while len(nodes) == 1 and skip <= prm.wildcard_tokens and skip < len(ctx):
             merge_past(skip, local_weight, 1.0)
             skip += 1
-    return select(nodes, budget, one_branch, prm.confidence)
+    return select(nodes, budget, one_branch, prm.confidence, prm.min_score)
 
 
 def gather_past(store: RefStore, ctx: list, skip: int, prm: Params, weight: float, cands: list,

@@ -1,0 +1,70 @@
+"""What one more verified token costs, measured: the score a drafted node must clear.
+
+Where a step's verify width follows its drafts (no graph tiers: a CPU),
+the forward is compute-bound and its cost grows with every token it
+verifies. A draft node the target will likely reject then costs more than
+it brings: on a real chat model, open chat accepts 1.7 tokens per step, so
+most of a full-width draft is paid for and thrown away.
+
+A node is worth drafting when the tokens it is expected to bring (its
+score: the trie's estimate that the target accepts the path to it) exceed
+what the time it costs would bring at the current pace:
+
+    score >= c1 * R
+
+with ``c1`` the seconds one more verified token adds to a step (the slope
+of step time against the tokens the step verified) and ``R`` the tokens
+committed per second. Both are moving estimates over decode steps, so the
+floor follows the hardware, the batch and the text. Before enough steps
+with varied widths are seen, nothing is pruned. Pure Python; the worker
+feeds it and sets ``LookaheadCache.min_score`` from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The floor never exceeds this: a node scoring above it is worth verifying
+# whatever the estimates say (noise must not stop speculation altogether).
+MAX_MIN_SCORE = 0.5
+
+
+@dataclass
+class VerifyCost:
+    smoothing: float = 0.02  # weight of a new step in the moving averages
+    min_samples: int = 32  # steps seen before the floor is trusted
+    samples: int = 0
+    mean_tokens: float = 0.0  # verified tokens per step
+    mean_seconds: float = 0.0
+    mean_tokens_sq: float = 0.0
+    mean_cross: float = 0.0  # tokens x seconds
+    mean_committed: float = 0.0  # committed tokens per step
+
+    def record(self, verified: int, committed: int, seconds: float) -> None:
+        """One decode step: ``verified`` tokens through the forward (all
+        requests' widths), ``committed`` tokens accepted, ``seconds`` from
+        its start to the next step's."""
+        if seconds <= 0 or verified <= 0:
+            return
+        a = 1.0 if self.samples == 0 else max(self.smoothing, 1.0 / (self.samples + 1))
+        self.samples += 1
+        self.mean_tokens += a * (verified - self.mean_tokens)
+        self.mean_seconds += a * (seconds - self.mean_seconds)
+        self.mean_tokens_sq += a * (verified * verified - self.mean_tokens_sq)
+        self.mean_cross += a * (verified * seconds - self.mean_cross)
+        self.mean_committed += a * (committed - self.mean_committed)
+
+    @property
+    def seconds_per_token(self) -> float:
+        """``c1``: the slope of step time against verified tokens (0 unknown)."""
+        var = self.mean_tokens_sq - self.mean_tokens ** 2
+        if var <= 0.25:  # widths barely vary: no slope to read
+            return 0.0
+        return max(0.0, (self.mean_cross - self.mean_tokens * self.mean_seconds) / var)
+
+    def min_score(self) -> float:
+        """The score below which a node costs more than it is expected to bring."""
+        if self.samples < self.min_samples or self.mean_seconds <= 0:
+            return 0.0
+        rate = self.mean_committed / self.mean_seconds
+        return min(MAX_MIN_SCORE, self.seconds_per_token * rate)

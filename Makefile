@@ -36,9 +36,10 @@ demo: venv build model
 test: venv build model
 	$(PY) -m pytest tests -v -rs --durations=15
 
+# The acceptance replay on recorded traces: TRACES=DIR holding *.jsonl.gz token traces.
+TRACES ?= ../shared/traces
 replay: venv build
-	$(PY) -m lookahead.replay --trace ../shared/traces/sharegpt.jsonl.gz --trace ../shared/traces/humaneval.jsonl.gz \
-		--trace ../shared/traces/synth_code_edit.jsonl.gz --trace ../shared/traces/synth_rag.jsonl.gz \
+	$(PY) -m lookahead.replay $(foreach t,$(wildcard $(TRACES)/*.jsonl.gz),--trace $(t)) \
 		--budget 4 8 16 --out-dir artifacts/replay
 
 bench: venv build

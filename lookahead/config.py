@@ -87,7 +87,7 @@ def check_isolation(mode: Any, name: str = "isolation") -> str:
 
 @dataclass(frozen=True)
 class LookaheadConfig:
-    """The cache's options; the defaults are the ones measured best (see README).
+    """The cache's options; the defaults are the ones measured best (docs/benchmarks.md).
 
     ``max_memory_bytes`` bounds the shared histories (all scopes together,
     their index included); each live request's own store comes on top and

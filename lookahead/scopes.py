@@ -2,7 +2,7 @@
 
 A *scope* (a tenant: SGLang's ``cache_salt`` or ``extra_key``, or ``None``)
 has its own shared history, so that no request drafts from another scope's
-text (see the README's *Tenant isolation*).  Histories start empty and grow
+text (see docs/isolation.md).  Histories start empty and grow
 as their scope is used: a thousand scopes with a few requests each cost what
 their text costs, not a thousand full rings.  ``max_memory_bytes`` bounds
 them all together; when it is reached, the least recently used scope's

@@ -45,7 +45,7 @@ import os
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
@@ -362,6 +362,15 @@ class ReadReport:
     def skip(self, reason: str) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
 
+    def take(self, chunks: list, ids: list) -> None:
+        """Append one document's ids to ``chunks``, behind a separator from
+        the one before (SGLang's corpus layout), and count it."""
+        if chunks:
+            chunks.append([SGLANG_SEPARATOR])
+        chunks.append(ids)
+        self.documents += 1
+        self.tokens += len(ids)
+
     def __str__(self) -> str:
         skipped = ", ".join(f"{n} {reason}" for reason, n in sorted(self.skipped.items()))
         return f"{self.documents} documents, {self.tokens:,} tokens" + (f"; skipped: {skipped}" if skipped else "")
@@ -480,11 +489,7 @@ def read_corpus(path: str, encode: Optional[Callable[[str], list]], max_id: int,
         if max(ids) > max_id:
             report.skip("documents with ids outside the vocabulary")
             continue
-        if chunks:
-            chunks.append([SGLANG_SEPARATOR])
-        chunks.append(ids)
-        report.documents += 1
-        report.tokens += len(ids)
+        report.take(chunks, ids)
     return chunks
 
 

@@ -94,7 +94,7 @@ def _tokenizer_manager_init(original, self, server_args, *args, **kwargs):
 
 def _tokenize(tm, obj):
     """The add request's corpus as SGLang-style token chunks (in a thread)."""
-    from lookahead.corpora import SGLANG_SEPARATOR, ReadReport, read_corpus
+    from lookahead.corpora import ReadReport, read_corpus
 
     vocab = getattr(getattr(tm, "model_config", None), "vocab_size", None)
     max_id = int(vocab) - 1 if vocab else 2**31 - 1
@@ -117,11 +117,7 @@ def _tokenize(tm, obj):
         if not ids:
             report.skip("empty documents")
             continue
-        if chunks:
-            chunks.append([SGLANG_SEPARATOR])
-        chunks.append(ids)
-        report.documents += 1
-        report.tokens += len(ids)
+        report.take(chunks, ids)
     return chunks, report
 
 

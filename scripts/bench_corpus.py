@@ -39,9 +39,7 @@ figures within one run only.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import sys
 import sysconfig
 import time
@@ -49,6 +47,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from bench_workloads import stderr_to  # noqa: E402
 
 # (question, paraphrase): the corpus holds the model's answers to the first.
 QUESTIONS = [
@@ -73,21 +74,6 @@ BY_NAME = [  # (file, what to ask for)
     ("decoder.py", "the method `JSONDecoder.raw_decode`"),
 ]
 WORKLOADS = ("help desk", "repository")
-
-
-@contextlib.contextmanager
-def stderr_to(path: Path):
-    """Send this process's and its children's stderr (fd 2) to ``path`` meanwhile."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with open(path, "a") as f:
-        os.dup2(f.fileno(), 2)
-    try:
-        yield
-    finally:
-        sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(saved)
 
 
 def package_sources() -> dict[str, str]:

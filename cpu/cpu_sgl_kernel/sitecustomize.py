@@ -1,0 +1,69 @@
+"""Make sglang take its AMX CPU path on any x86 CPU (testing only).
+
+sglang picks its CPU kernels with ``cpu_has_amx_support()``, which requires
+``torch.cpu._is_amx_tile_supported()``, read ONCE when
+``sglang.srt.utils.common`` is imported. Without it, ``--attention-backend
+intel_amx`` silently falls back to ``torch_native``, which cannot run
+speculative TARGET_VERIFY batches, and every layer takes a different code path
+than on an AMX server.
+
+With ``LOOKAHEAD_CPU_FORCE_AMX=1``, this file (imported by Python at start-up
+because its directory is on ``PYTHONPATH``) installs an import hook that sets
+``sglang.srt.utils.common.is_amx_tile_supported = True`` right after that
+module executes, so every sglang process (launch_server, Engine, schedulers)
+sees one consistent answer. Kernels then come from the pure-torch
+``sgl_kernel`` next to this file. Any other ``sitecustomize`` on ``sys.path``
+still runs afterwards.
+
+With ``LOOKAHEAD_CPU_TORCH_SPEC_GATHER=1`` as well, the same hook replaces
+``sglang.kernels.ops.speculative.gather_spec_extras.gather_spec_extras``
+(a Triton row gather that EAGLE's overlap scheduling runs, and which has no
+CPU driver) with its pure-torch equivalent, before ``overlap_utils`` binds it.
+SGLang turns overlap off for EAGLE on CPU; the tests that lift that guard to
+exercise the overlap path of LOOKAHEAD + EAGLE set this variable.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# cpu/, the folder above this one, holds import_patching.
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import import_patching  # noqa: E402
+
+_TARGET = "sglang.srt.utils.common"
+_ENV = "LOOKAHEAD_CPU_FORCE_AMX"
+_GATHER_TARGET = "sglang.kernels.ops.speculative.gather_spec_extras"
+_GATHER_ENV = "LOOKAHEAD_CPU_TORCH_SPEC_GATHER"
+_MARKER = "lookahead_force_amx"
+
+
+def _torch_gather_spec_extras(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf):
+    """``gather_spec_extras`` without Triton: the same rows of every buffer."""
+    idx = indices.long()
+    hidden = hidden_states_buf[idx] if hidden_states_buf is not None else None
+    return topk_p_buf[idx], topk_index_buf[idx], output_tokens_buf[idx], hidden
+
+
+def _force_amx(module) -> None:
+    module.is_amx_tile_supported = True
+
+
+def _torch_gather(module) -> None:
+    module.gather_spec_extras = _torch_gather_spec_extras
+
+
+def install() -> bool:
+    """Install the hook in this process (idempotent). Returns False when
+    ``_TARGET`` was already imported, i.e. too late to be consistent."""
+    patches = {_TARGET: _force_amx}
+    if os.environ.get(_GATHER_ENV) == "1":
+        patches[_GATHER_TARGET] = _torch_gather
+    return import_patching.install(patches, _MARKER)
+
+
+if __name__ == "sitecustomize":
+    if os.environ.get(_ENV) == "1":
+        install()
+    import_patching.chain_next_sitecustomize(os.path.dirname(__file__))

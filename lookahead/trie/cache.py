@@ -1,0 +1,634 @@
+"""``LookaheadCache``: the drafting API that the SGLang worker and users drive.
+
+It owns one shared history per scope (the cross-request n-gram source: the
+outputs of the scope's requests; see ``lookahead.trie.scopes`` for how they share
+one memory budget) and one store per live request (its whole prompt plus its
+output, the copy source).  A request drafts from its own store and its
+scope's history only.  Prompts and shared-history inserts are applied by a
+native background thread that never takes the GIL; a request's own new
+tokens go into its store at once, since they are few and the very next
+draft needs them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass
+from typing import Any, Hashable, NamedTuple, Optional, Sequence
+
+import numpy as np
+
+from lookahead.trie._drafting import Drafter
+from lookahead.trie._store import Inserter, TokenStore
+from lookahead.trie._tokens import read_tokens
+from lookahead.trie._tuning import TUNING_FIELDS, DraftTuning
+from lookahead.trie.config import LookaheadConfig, check_number
+from lookahead.trie.corpora import CorpusOverBudget, CorpusSet
+from lookahead.trie.scopes import Drop, ScopeBudget, check_scope
+from lookahead.trie.tokens import MAX_TOKEN_ID, check_budget
+
+logger = logging.getLogger(__name__)
+
+# 1: one shared history ("shared"); 2: one per scope ("tokens" split by
+# "lengths", the scopes named in the meta, least recently used first).
+_FORMAT_VERSION = 2
+
+# The scope of a request that shares no history (put_prompt(share=False)):
+# no scope is ever keyed by it, so its drafts find no shared history.
+_PRIVATE = object()
+
+# Set to a file path, every draft is appended to it as a JSON line (request,
+# scope, its stream length, context tail, draft): what the end-to-end tests
+# check isolation with, in a real server.  Unset, drafting is untouched.
+DRAFT_LOG_ENV = "LOOKAHEAD_DRAFT_LOG"
+
+
+class Draft(NamedTuple):
+    """A draft tree in topological order.
+
+    ``parents[i] == -1``: token ``i`` follows the context's last token;
+    otherwise it follows token ``parents[i]`` (always an earlier index).  A
+    one-branch draft is a chain: ``parents == [-1, 0, 1, ...]``.
+    ``expected``: the tokens the target is expected to accept from it, the
+    sum over its nodes of the trie's estimate that the path to the node is
+    accepted (what the worker weighs a draft's cost against).
+    """
+
+    tokens: list
+    parents: list
+    expected: float = 0.0
+
+    def __len__(self) -> int:  # number of draft tokens
+        return len(self.tokens)
+
+
+@dataclass
+class _Request:
+    store: TokenStore  # the prompt, then the output as it is accepted
+    prompt_len: int
+    shared_upto: int  # store position up to which the output is in the shared history
+    scope: Any = None  # its scope's key (_PRIVATE: it shares nothing)
+    corpora: Optional[frozenset] = None  # the corpora it chose (None: all it may see)
+    # Its shared stores besides its history (the corpora it drafts from), as of corpus generation ``view_gen``.
+    view: tuple = ()
+    view_gen: int = -1
+
+
+class LookaheadCache:
+    """Drafts continuations from everything the server has seen.
+
+    Typical use (one call per scheduler step)::
+
+        cache.put_prompt(rid, prompt_ids, scope=tenant)   # when prefill is scheduled
+        d = cache.draft(rid, context, budget)        # before each verify
+        cache.put_output(rid, accepted_ids)          # after each verify
+        cache.finish(rid)                            # on completion or abort
+
+    Thread-safe: calls may come from several threads; a draft racing with
+    ``finish`` of the same request either completes or raises ``ValueError``.
+    """
+
+    def __init__(self, config: LookaheadConfig | None = None, *, tuning: DraftTuning | None = None,
+                 **overrides: Any):
+        """``config``, or ``LookaheadConfig(**overrides)``, or ``config`` with
+        ``overrides`` replacing some of its fields.  ``tuning``: how drafts
+        rank what they find (``lookahead.trie._tuning``; the tuned defaults when
+        None), for experiments."""
+        if config is None:
+            config = LookaheadConfig(**overrides)
+        elif overrides:
+            config = LookaheadConfig(**{**asdict(config), **overrides})
+        if tuning is not None and not isinstance(tuning, DraftTuning):
+            raise TypeError(f"tuning must be a lookahead.trie._tuning.DraftTuning, got {type(tuning).__name__}")
+        self.config = config
+        self._tuning = DraftTuning() if tuning is None else tuning
+        self._draft_config = self._tuning.native(config.max_match_len)
+        self._max_id = MAX_TOKEN_ID if config.vocab_size is None else config.vocab_size - 1
+        self._budget = ScopeBudget(config.max_memory_bytes, config.shared_capacity, len(config.orders))
+        self._scopes = self._budget.scopes  # key -> Scope
+        # key -> its history's store, for drafts (read without the lock: a
+        # dict lookup per request and step; a dropped store lives on while
+        # a draft holds it).  Kept in step with the budget's scopes.
+        self._histories: dict[Any, TokenStore] = {}
+        self._requests: dict[Hashable, _Request] = {}
+        self._lock = threading.Lock()
+        self._inserter = Inserter(config.background)
+        self._scratch = threading.local()
+        self._drafters: list[Drafter] = []
+        self._prompts = self._prompt_tokens = self._output_tokens = self._finished = 0
+        self._saver = _Saver(self)
+        self._corpora = CorpusSet(config.corpus_memory_bytes, config.orders, self._max_id)
+        log = os.environ.get(DRAFT_LOG_ENV)
+        if log:
+            self._log = _DraftLog(log)
+            self.draft = self._logged_draft
+            self.batch_draft = self._logged_batch_draft
+
+    @property
+    def min_score(self) -> float:
+        """Draft nodes whose estimated acceptance is below this are left out
+        (0: drafts fill their budget).  The server's worker sets it from the
+        measured cost of verifying a token (``lookahead.plugin.verify_cost``)."""
+        return self._draft_config.min_score
+
+    @min_score.setter
+    def min_score(self, value: float) -> None:
+        self._draft_config.min_score = check_number(value, 0, "min_score", finite=True)
+
+    # -- feeding -------------------------------------------------------------
+
+    def put_prompt(self, rid: Hashable, tokens: Any, *, scope: Optional[str] = None, share: bool = True,
+                   corpora: Optional[Sequence[str]] = None) -> None:
+        """Index a new request's whole prompt (in the background).
+
+        The request drafts from its own prompt and output and from its
+        ``scope``'s shared history (a ``str``, or ``None`` for the default
+        scope), and its output enters that history only.  ``share=False``:
+        it neither drafts from nor feeds any shared history.  It also drafts
+        from the public corpora and those bound to its scope (with
+        ``share=False``: the public ones); ``corpora`` (corpus ids) restricts
+        that to the ones named (an id it may not see, or that does not
+        exist, is ignored)."""
+        scope = check_scope(scope)
+        if type(share) is not bool:
+            raise TypeError(f"share must be a bool, got {type(share).__name__}")
+        if corpora is not None:
+            if isinstance(corpora, str):
+                corpora = (corpora,)
+            corpora = frozenset(corpora)
+            if any(type(c) is not str for c in corpora):
+                raise TypeError(f"corpora must be corpus ids (str), got {sorted(map(repr, corpora))}")
+        arr = read_tokens(tokens, self._max_id, "prompt")
+        store = TokenStore(max(1024, 2 * len(arr) + 256), False, self.config.orders)
+        # The raw copy is a memcpy; the indexing is the expensive part.
+        store.append_tokens(arr, False)
+        store.mark_prompt_end()
+        with self._lock:
+            if rid in self._requests:
+                raise ValueError(f"request {rid!r} already has a prompt; call finish() before reusing its id")
+            self._requests[rid] = _Request(store, len(arr), len(arr), scope if share else _PRIVATE, corpora)
+            self._prompts += 1
+            self._prompt_tokens += len(arr)
+            if share:
+                self._budget.touch(scope)
+        self._inserter.index_pending(store)
+
+    def put_output(self, rid: Hashable, tokens: Any) -> None:
+        """Give the request's newly accepted tokens (visible to its next draft)."""
+        req = self._requests.get(rid)
+        if req is None:
+            raise ValueError(f"unknown request {rid!r}: call put_prompt() first")
+        req.store.append_checked(tokens, self._max_id, "output")
+        if self.config.share_outputs and req.store.appended - req.shared_upto >= self.config.flush_tokens:
+            self._share(req)
+
+    def finish(self, rid: Hashable) -> None:
+        """The request completed or was aborted: share its output, free its store."""
+        with self._lock:
+            req = self._requests.pop(rid, None)
+            if req is None:
+                raise ValueError(f"unknown request {rid!r}: finish() needs a put_prompt() first")
+            self._finished += 1
+            # Output tokens are counted from the store itself (no per-step bookkeeping).
+            self._output_tokens += req.store.appended - req.prompt_len
+        if self.config.share_outputs:
+            self._share(req)
+
+    def _share(self, req: _Request) -> None:
+        # A separator keeps n-grams from spanning requests; the tokens just
+        # before the new output (the prompt's tail, or the last shared output)
+        # give its first tokens their context.
+        if req.scope is _PRIVATE:
+            return
+        with self._lock:
+            start, end = req.shared_upto, req.store.appended
+            if end <= start:
+                return
+            context = self.config.share_prompt_tail if start == req.prompt_len else max(self.config.orders)
+            req.shared_upto = end
+            # What Inserter.share appends: the separator, then the request's
+            # tokens from ``start - context`` (a request store never evicts).
+            count = 1 + end - max(0, start - context)
+            scope, steps = self._budget.share(req.scope, count)
+            # Sizing and the share are queued under the lock, so the insert
+            # thread applies them in the order they were decided.
+            for step in steps:
+                self._apply(step)
+            self._inserter.share(self._store_of(scope), req.store, start, end, context)
+
+    def _store_of(self, scope) -> TokenStore:
+        # The scope's history store, made (empty: resizes give it room) on first use.
+        if scope.store is None:
+            scope.store = self._histories[scope.key] = TokenStore(0, True, self.config.orders,
+                                                                  self._budget.key_bits)
+        return scope.store
+
+    def _apply(self, step, now: bool = False) -> None:
+        """Carry out a ``ScopeBudget`` decision on the native stores: queued
+        (in order with the shares), or at once while loading (``now``)."""
+        if type(step) is Drop:
+            # Freed once queued inserts (and drafts) let go of it.
+            del self._histories[step.scope.key]
+            step.scope.store = None
+            return
+        if now:
+            self._store_of(step.scope).resize(step.capacity)
+        else:
+            self._inserter.resize(self._store_of(step.scope), step.capacity)
+
+    def synchronize(self) -> None:
+        """Wait until every insert submitted so far is visible to drafts."""
+        self._inserter.synchronize()
+
+    # -- external corpora ------------------------------------------------------
+
+    def add_corpus(self, corpus_id: str, token_chunks: Any, scope: Optional[str] = None, *,
+                   background: bool = False, on_done=None):
+        """Add an external corpus (``lookahead.trie.corpora``): requests draft
+        from it as from their scope's history, and traffic never evicts it.
+
+        ``token_chunks``: consecutive pieces of one token stream, as SGLang's
+        NGRAM takes them (lists or arrays of ids; a document boundary is
+        ``-2**31`` or ``-1``).  ``scope``: None, every request may draft
+        from it; a scope key (``"cache_salt:X"``), only that scope's requests.
+        Returns the tokens loaded (separators included); ``background=True``
+        returns at once with a ``Future`` of that count, and drafts read
+        what is indexed so far meanwhile (``on_done(future)`` is called on
+        the loading thread when it ends).  Raises ``lookahead.trie.corpora.CorpusError``
+        (a ``ValueError``) for an id that exists (remove it first), ids
+        outside the vocabulary, or a corpus beyond ``corpus_memory_bytes``
+        (nothing is truncated); a removal during the load makes it raise
+        ``CorpusRemoved``.  An empty corpus is added, with 0 tokens."""
+        if scope is not None:
+            scope = check_scope(scope)
+        return self._corpora.add(corpus_id, token_chunks, scope, background=background, on_done=on_done)
+
+    def remove_corpus(self, corpus_id: str) -> None:
+        """Remove a corpus, loaded or loading (the load stops); drafts stop
+        reading it at once.  ``CorpusError`` (a ``ValueError``) if there is none."""
+        self._corpora.remove(corpus_id)
+
+    def corpora(self) -> dict:
+        """Every corpus by id: its ``tokens``, ``bytes`` (its share of the
+        corpus budget), ``scope`` (None: public), ``state`` (``loading``,
+        ``ready``) and the tokens ``loaded`` so far."""
+        return self._corpora.list()
+
+    # -- drafting ------------------------------------------------------------
+
+    def _drafter(self) -> Drafter:
+        try:
+            return self._scratch.drafter
+        except AttributeError:
+            drafter = self._scratch.drafter = Drafter(Draft)
+            with self._lock:
+                self._drafters.append(drafter)
+            return drafter
+
+    def draft(self, rid: Hashable, context: Any, budget: int, one_branch: bool = False) -> Draft:
+        """Draft at most ``budget`` tokens after ``context`` (prompt + output so far).
+
+        Only the context's last ``max_match_len`` ids are read.  An empty draft
+        means nothing matched.
+        """
+        budget = check_budget(budget)
+        req = self._requests.get(rid)
+        if req is None:
+            raise ValueError(f"unknown request {rid!r}: call put_prompt() first")
+        return self._drafter().draft_context(req.store, self._shared_of(req), context, budget,
+                                             one_branch, self._draft_config, self._max_id)
+
+    def _shared_of(self, req: _Request):
+        # The request's history, and its corpora if any exist: what it drafts from besides its own store.
+        history = self._histories.get(req.scope)
+        corpora = self._corpora
+        if not corpora.view:
+            return history
+        if req.view_gen != corpora.generation:
+            gen = corpora.generation
+            req.view = corpora.stores_for(req.scope, req.corpora)
+            req.view_gen = gen
+        return (history,) + req.view if req.view else history
+
+    def batch_draft(self, rids: Sequence[Hashable], contexts: Sequence[Any], budget: int,
+                    one_branch: bool = False) -> list[Draft]:
+        """:meth:`draft` for a batch in one call."""
+        budget = check_budget(budget)
+        if len(rids) != len(contexts):
+            raise ValueError(f"batch_draft got {len(rids)} rids but {len(contexts)} contexts")
+        stores, histories = [], []
+        requests, history_of = self._requests, self._histories.get
+        with_corpora = bool(self._corpora.view)
+        for rid in rids:
+            req = requests.get(rid)
+            if req is None:
+                raise ValueError(f"unknown request {rid!r}: call put_prompt() first")
+            stores.append(req.store)
+            histories.append(self._shared_of(req) if with_corpora else history_of(req.scope))
+        return self._drafter().draft_batch(stores, histories, list(contexts), budget, one_branch,
+                                           self._draft_config, self._max_id)
+
+    def _logged_draft(self, rid, context, budget, one_branch=False):
+        draft = LookaheadCache.draft(self, rid, context, budget, one_branch)
+        self._log.record(self, rid, context, draft)
+        return draft
+
+    def _logged_batch_draft(self, rids, contexts, budget, one_branch=False):
+        drafts = LookaheadCache.batch_draft(self, rids, contexts, budget, one_branch)
+        for rid, context, draft in zip(rids, contexts, drafts):
+            self._log.record(self, rid, context, draft)
+        return drafts
+
+    # -- introspection and persistence ----------------------------------------
+
+    def __contains__(self, rid: Hashable) -> bool:
+        return rid in self._requests
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def stats(self) -> dict:
+        """Sizes and counters, for logs, metrics and benchmarks.
+
+        ``scopes`` histories hold ``shared_tokens`` live tokens in
+        ``shared_bytes`` (the same as ``scope_bytes``); ``shared_capacity``
+        is the most one history holds."""
+        with self._lock:
+            live = list(self._requests.values())
+            stores = [r.store for r in live]
+            drafters = list(self._drafters)
+            budget = self._budget
+            scopes, shared_bytes, shared_tokens, seen = len(budget.scopes), budget.bytes, budget.tokens, budget.appended
+        local_bytes = sum(s.nbytes for s in stores)
+        corpora = self._corpora.stats()
+        return {
+            "prompts": self._prompts,
+            "prompt_tokens": self._prompt_tokens,
+            "output_tokens": self._output_tokens + sum(r.store.appended - r.prompt_len for r in live),
+            "finished": self._finished,
+            "drafts": sum(d.drafts for d in drafters),
+            "draft_tokens": sum(d.drafted for d in drafters),
+            "active_requests": len(stores),
+            "local_tokens": sum(s.size for s in stores),
+            "local_bytes": local_bytes,
+            "scopes": scopes,
+            "scope_bytes": shared_bytes,
+            "shared_tokens": shared_tokens,
+            "shared_tokens_seen": seen,
+            "shared_capacity": self.config.shared_capacity,
+            "shared_bytes": shared_bytes,
+            "total_bytes": shared_bytes + local_bytes + corpora["corpus_bytes"],
+            **corpora,
+            "pending_inserts": self._inserter.pending(),
+            "failed_inserts": self._inserter.failures,
+        }
+
+    def scope_stats(self) -> dict:
+        """Per scope holding a history (least recently used first): its live
+        ``tokens``, ``capacity`` and ``bytes``."""
+        with self._lock:
+            return self._budget.summary()
+
+    def save(self, path: str | os.PathLike, *, background: bool = False) -> Optional[Future]:
+        """Write every scope's shared history (not live requests) to ``path`` (.npz).
+
+        The file is written under a name unique to this process and call,
+        then renamed over ``path``: a reader (or another replica saving to
+        the same path) never sees a partial file.  ``background=True``
+        returns at once: a thread of this cache takes the snapshot and
+        writes it (saves asked for meanwhile are one more save after it),
+        and the returned ``Future`` gives the seconds it took.  A plain save
+        waits for those first, so the last save asked for is the one kept."""
+        if background:
+            return self._saver.submit(os.fspath(path))
+        self._saver.wait()
+        self._write(os.fspath(path))
+        return None
+
+    def _snapshot(self) -> tuple[list, list]:
+        self.synchronize()
+        with self._lock:
+            held = [(s.key, s.store) for s in self._scopes.values() if s.store is not None]
+        # Each history is copied under its own lock (shares to the others go on).
+        return [key for key, _ in held], [store.tokens() for _, store in held]
+
+    def _write(self, path: str) -> None:
+        keys, arrays = self._snapshot()
+        corpora = self._corpora.ready()
+        meta = {"format": _FORMAT_VERSION, "config": {**asdict(self.config), "orders": list(self.config.orders)},
+                "tuning": asdict(self._tuning), "scopes": keys,
+                "corpora": [{"id": cid, "scope": scope} for cid, scope, _ in corpora]}
+        tokens = np.concatenate(arrays) if arrays else np.zeros(0, np.int32)
+        lengths = np.asarray([len(a) for a in arrays], dtype=np.int64)
+        corpus_tokens = np.concatenate([c for _, _, c in corpora]) if corpora else np.zeros(0, np.int32)
+        corpus_lengths = np.asarray([len(c) for _, _, c in corpora], dtype=np.int64)
+        tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                np.savez_compressed(f, tokens=tokens, lengths=lengths, corpus_tokens=corpus_tokens,
+                                    corpus_lengths=corpus_lengths,
+                                    meta=np.frombuffer(json.dumps(meta).encode(), np.uint8))
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, *, tuning: DraftTuning | None = None,
+             **overrides: Any) -> "LookaheadCache":
+        """A cache whose shared histories are the ones saved at ``path``
+        (each scope stays isolated; a file of format 1, one shared history,
+        loads as the default scope's), with the options and tuning it was
+        saved with, but for ``overrides`` and ``tuning``."""
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                meta = json.loads(bytes(data["meta"]).decode())
+                fmt = meta.get("format")
+                corpora = _split_corpora(meta, data) if fmt == _FORMAT_VERSION else []
+                if fmt == 1:
+                    keys, chunks = [None], [np.ascontiguousarray(data["shared"], dtype=np.int32)]
+                elif fmt == _FORMAT_VERSION:
+                    keys, chunks = _split_scopes(meta, data["tokens"], data["lengths"])
+                else:
+                    raise ValueError(f"unsupported lookahead cache format {fmt!r}")
+            config = dict(meta["config"], orders=tuple(meta["config"]["orders"]))
+            # Older files keep the tuning among the options.
+            saved_tuning = {name: config.pop(name) for name in list(config) if name in TUNING_FIELDS}
+            saved_tuning.update(meta.get("tuning", {}))
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            raise ValueError(f"{path}: not a saved LookaheadCache ({type(exc).__name__}: {exc})") from None
+        config.update(overrides)
+        cache = cls(LookaheadConfig(**config), tuning=DraftTuning(**saved_tuning) if tuning is None else tuning)
+        try:
+            for tokens in chunks:
+                if tokens.size and (tokens.min() < -1 or (cache.config.vocab_size and
+                                                          tokens.max() >= cache.config.vocab_size)):
+                    raise ValueError(f"{path}: saved history holds ids outside the vocabulary")
+            # Least recently used first, so the budget keeps the most recent
+            # scopes if it is smaller now.  Nothing else writes them yet.
+            for key, tokens in zip(keys, chunks):
+                if not tokens.size:
+                    continue
+                scope, steps = cache._budget.share(key, int(tokens.size))
+                for step in steps:
+                    cache._apply(step, now=True)
+                cache._store_of(scope).append_indexed(tokens)
+            for (corpus_id, scope), tokens in corpora:
+                try:
+                    cache.add_corpus(corpus_id, tokens, scope)
+                except CorpusOverBudget as exc:  # a smaller budget now: the file is fine
+                    logger.warning("LOOKAHEAD: not loading a saved corpus: %s", exc)
+        except BaseException:
+            cache.close()
+            raise
+        return cache
+
+    @classmethod
+    def open(cls, path: str | os.PathLike | None, *, tuning: DraftTuning | None = None,
+             **overrides: Any) -> "LookaheadCache":
+        """A server's start-up: the cache saved at ``path`` if there is one,
+        else an empty one.  A file that cannot be loaded (truncated, corrupt,
+        saved for another vocabulary) must not keep the server down: it is
+        renamed to ``PATH.corrupt``, kept for a look, and the cache starts
+        empty, with a warning saying why."""
+        if path is None or not os.path.exists(path):
+            return cls(tuning=tuning, **overrides)
+        try:
+            return cls.load(path, tuning=tuning, **overrides)
+        except ValueError as exc:
+            aside = f"{os.fspath(path)}.corrupt"
+            try:
+                os.replace(path, aside)
+                kept = f"moved it to {aside}"
+            except OSError as move_error:  # e.g. another replica moved it first
+                kept = f"could not move it aside ({move_error})"
+            logger.warning("LOOKAHEAD: cannot load the saved trie: %s; %s and starting with an empty "
+                           "history", exc, kept)
+            return cls(tuning=tuning, **overrides)
+
+    def close(self) -> None:
+        """Finish pending saves and inserts, and stop the background thread."""
+        self._saver.wait()
+        self._inserter.close()
+        if "draft" in self.__dict__:  # the draft log's file
+            self._log.close()
+
+
+def _split_scopes(meta: dict, tokens: np.ndarray, lengths: np.ndarray) -> tuple[list, list]:
+    # A format-2 file's histories, checked for consistency.
+    keys = meta["scopes"]
+    if not isinstance(keys, list) or any(k is not None and type(k) is not str for k in keys):
+        raise ValueError("the scopes are not a list of names")
+    if len(set(keys)) != len(keys):
+        raise ValueError("a scope is saved twice")
+    lengths = np.asarray(lengths)
+    if lengths.ndim != 1 or len(lengths) != len(keys) or (lengths < 0).any() or lengths.sum() != len(tokens):
+        raise ValueError("the histories' lengths do not match the tokens saved")
+    tokens = np.ascontiguousarray(tokens, dtype=np.int32)
+    ends = np.cumsum(lengths)
+    return keys, [tokens[end - n: end] for n, end in zip(lengths.tolist(), ends.tolist())]
+
+
+def _split_corpora(meta: dict, data) -> list:
+    # A format-2 file's corpora ((id, scope), tokens), checked; none in files saved before them.
+    entries = meta.get("corpora", [])
+    if not entries:
+        return []
+    if not isinstance(entries, list) or any(
+            not isinstance(e, dict) or type(e.get("id")) is not str or
+            (e.get("scope") is not None and type(e.get("scope")) is not str) for e in entries):
+        raise ValueError("the corpora are not a list of {id, scope}")
+    keys, chunks = _split_scopes({"scopes": [e["id"] for e in entries]}, data["corpus_tokens"],
+                                 data["corpus_lengths"])
+    return [((cid, e["scope"]), tokens) for cid, e, tokens in zip(keys, entries, chunks)]
+
+
+class _Saver:
+    """Writes a cache's snapshots from a thread of its own, so that saving
+    never holds up the caller (a server's scheduler): one save at a time,
+    and any asked for meanwhile become a single save after it (of the
+    newest state).  The thread exits when there is nothing to save; it is
+    not a daemon, so a save in progress completes before the process exits."""
+
+    def __init__(self, cache: LookaheadCache):
+        self._cache = cache
+        self._cond = threading.Condition()
+        self._queued: dict[str, Future] = {}  # path -> the future of its next save
+        self._running = False
+
+    def submit(self, path: str) -> Future:
+        with self._cond:
+            future = self._queued.get(path)
+            if future is None:
+                future = self._queued[path] = Future()
+            if not self._running:
+                self._running = True
+                threading.Thread(target=self._run, name="lookahead-save", daemon=False).start()
+            return future
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if not self._queued:
+                    self._running = False
+                    self._cond.notify_all()
+                    return
+                path = next(iter(self._queued))
+                future = self._queued.pop(path)
+            future.set_running_or_notify_cancel()
+            t0 = time.monotonic()
+            try:
+                self._cache._write(path)
+            except BaseException as exc:
+                logger.warning("LOOKAHEAD: could not save the trie to %s: %s", path, exc)
+                future.set_exception(exc)
+            else:
+                future.set_result(time.monotonic() - t0)
+
+    def wait(self) -> None:
+        """Until no save is queued or in progress."""
+        with self._cond:
+            while self._running:
+                self._cond.wait()
+
+
+class _DraftLog:
+    """Appends each draft, with what it was drafted for, to a JSONL file
+    (see ``DRAFT_LOG_ENV``)."""
+
+    def __init__(self, path: str):
+        self._file = open(path, "a", buffering=1)
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+    def record(self, cache: LookaheadCache, rid, context, draft: Draft) -> None:
+        req = cache._requests.get(rid)
+        if req is None:
+            return
+        tail = list(context[-cache.config.max_match_len:])
+        line = json.dumps({
+            "rid": rid if isinstance(rid, (str, int)) else repr(rid),
+            "scope": None if req.scope is _PRIVATE else req.scope,
+            "share": req.scope is not _PRIVATE,
+            "stream": req.store.appended,
+            "context": [int(t) for t in tail],
+            "tokens": list(draft.tokens),
+            "parents": list(draft.parents),
+        })
+        with self._lock:
+            if not self._file.closed:
+                self._file.write(line + "\n")

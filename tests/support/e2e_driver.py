@@ -1,0 +1,175 @@
+"""Runs ``sgl.Engine`` configurations one after the other and writes their
+outputs as JSON: the driver behind the end-to-end engine tests.
+
+It must run in a process prepared for sglang's CPU engine (``cpu_env()``
+before sglang is imported), so the tests start it as a subprocess:
+``python tests/support/e2e_driver.py SPEC.json OUT.json``.  SPEC holds the model
+path, the prompts, and a list of runs: engine keyword arguments, the
+sampling parameters, and the prompt groups to submit as one ``generate``
+call each (a group of n prompts is decoded as a batch of n). Prompts are
+texts or token-id lists; ``"server_info": [keys]`` records those keys of the
+scheduler's internal state after each group; ``"top_logprobs": k`` records
+each output token's ``k`` most likely tokens (what ``lookahead/validate/numerics.py``
+reads near ties from); ``"overlap_on_cpu": true``
+starts the engine with overlap scheduling (see ``_overlap_on_cpu``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_driver(spec: dict, tmp: Path, env: dict, driver: str = "e2e_driver.py", timeout: int = 1800) -> dict:
+    """Write ``spec`` into ``tmp``, run ``tests/<driver>`` on it in a subprocess
+    with ``env``, and return the JSON it wrote; a failure shows the driver's output."""
+    import subprocess
+
+    (tmp / "spec.json").write_text(json.dumps(spec))
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "support" / driver), str(tmp / "spec.json"), str(tmp / "out.json")],
+        env=env, cwd=tmp, capture_output=True, text=True, timeout=timeout,
+    )
+    assert proc.returncode == 0, f"driver failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return json.loads((tmp / "out.json").read_text())
+
+
+def _prose() -> str:
+    import textwrap
+
+    return textwrap.dedent(textwrap.__doc__ or "") * 2
+
+
+def prompts() -> list[str]:
+    """Twenty-four prompts: repetitive and not, short and long, copy-heavy."""
+    import inspect
+    import json as json_mod
+    import textwrap
+
+    code = inspect.getsource(textwrap.TextWrapper._split)
+    doc = inspect.getsource(json_mod.dumps)[:1200]
+    out = [
+        "def add(a, b):\n    return",
+        "import os\nimport sys\nimport os\nimport sys\nimport os\nimport sys\n",
+        "the cat the cat the cat the cat the cat",
+        "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n",
+        "x = [1, 2, 3]\ny = [1, 2, 3]\nz = [1, 2,",
+        "Hello world. Hello world. Hello",
+        "for i in range(10):\n    print(i)\nfor j in range(10):\n    print(",
+        "SELECT name FROM users WHERE id = 1;\nSELECT name FROM users WHERE id =",
+        "a",
+        "The quick brown fox jumps over the lazy dog.",
+        "Rewrite this function with type hints:\n" + code,
+        "Question about this document:\n" + doc + "\nWhat does it return?",
+        "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\ndef fib2(n):\n",
+        "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,",
+        "<html><body><div><div><div>",
+        "while True:\n    pass\nwhile True:\n",
+        "Copy the text exactly:\n" + _prose()[:800],
+        "if x:\n    y = 1\nelif z:\n    y = 2\nelse:\n",
+        "return self.value",
+        "# TODO: fix\n# TODO: fix\n# TODO:",
+        "key: value\nkey: value\nkey:",
+        "try:\n    import numpy as np\nexcept ImportError:\n    np = None\n",
+        "zzz",
+        "assert foo(1) == 2\nassert foo(2) == 3\nassert foo(3) ==",
+    ]
+    return out
+
+
+@contextlib.contextmanager
+def _overlap_on_cpu(lift: bool):
+    """With ``lift``, the engine resolves its arguments with the CPU guards of
+    overlap scheduling lifted (SGLang's for EAGLE, LOOKAHEAD's own): on CPU,
+    torch streams are stubs, so an overlapped engine runs its forwards in
+    order and processes each result one step late, which is the relay and
+    bookkeeping logic of the GPU path. EAGLE's overlap relay also needs
+    ``LOOKAHEAD_CPU_TORCH_SPEC_GATHER=1`` in the environment (see the CPU
+    ``sgl_kernel``'s ``sitecustomize``)."""
+    if not lift:
+        yield
+        return
+    import sglang.srt.arg_groups.speculative_hook as hook
+
+    import lookahead.plugin.arg_rules as lookahead_args
+
+    saved = hook._disable_overlap_schedule_for_cpu, lookahead_args.disable_overlap_on_cpu
+    hook._disable_overlap_schedule_for_cpu = lookahead_args.disable_overlap_on_cpu = lambda server_args: None
+    try:
+        yield
+    finally:
+        hook._disable_overlap_schedule_for_cpu, lookahead_args.disable_overlap_on_cpu = saved
+
+
+def main(spec_path: str, out_path: str) -> None:
+    sys.path[:0] = [str(REPO), str(REPO / "cpu"), str(REPO / "tools")]
+    from cpu_env import apply_cpu_env, cpu_engine_kwargs
+
+    apply_cpu_env()
+    import psutil
+
+    import sglang as sgl
+
+    spec = json.loads(Path(spec_path).read_text())
+    texts = spec.get("prompts") or prompts()
+    result = {"prompts": texts, "runs": {}, "engine_pids": []}
+    for run in spec["runs"]:
+        kwargs = cpu_engine_kwargs(**run.get("engine", {}))
+        started = time.time()
+        with _overlap_on_cpu(run.get("overlap_on_cpu", False)):
+            engine = sgl.Engine(model_path=spec["model"], log_level=spec.get("log_level", "error"), **kwargs)
+        try:
+            result["engine_pids"] += [p.pid for p in psutil.Process().children(recursive=True)]
+            groups = run.get("groups") or [list(range(len(texts)))]
+            outputs, infos = {}, []
+            t0 = time.time()
+            top = run.get("top_logprobs", 0)
+            logprobs = {"return_logprob": True, "top_logprobs_num": top} if top else {}
+            for group in groups:
+                batch = [texts[i] for i in group]
+                if all(isinstance(p, list) for p in batch):  # token-id prompts
+                    outs = engine.generate(input_ids=batch, sampling_params=run["sampling"], **logprobs)
+                else:
+                    outs = engine.generate(batch, run["sampling"], **logprobs)
+                for i, o in zip(group, outs):
+                    meta = o["meta_info"]
+                    outputs[i] = {
+                        "output_ids": o["output_ids"],
+                        "spec_verify_ct": meta.get("spec_verify_ct"),
+                        "spec_accept_length": meta.get("spec_accept_length"),
+                        "completion_tokens": meta.get("completion_tokens"),
+                    }
+                    if top:
+                        outputs[i]["output_top_logprobs"] = meta.get("output_top_logprobs")
+                if run.get("server_info"):
+                    # What the scheduler reports after each group (e.g. the hybrid's stats).
+                    state = engine.get_server_info()["internal_states"][0]
+                    infos.append({k: state.get(k) for k in run["server_info"]})
+            gen_s = time.time() - t0
+            trie_path = run.get("engine", {}).get("speculative_lookahead_path")
+            if trie_path:
+                # The drained server saves in the background; SGLang stops its
+                # schedulers with SIGKILL, so wait for the save to land.
+                deadline = time.time() + 30
+                while time.time() < deadline and not (os.path.exists(trie_path) and os.path.getmtime(trie_path) >= t0):
+                    time.sleep(0.2)
+        finally:
+            engine.shutdown()
+        result["runs"][run["name"]] = {
+            "outputs": {str(k): v for k, v in outputs.items()},
+            "server_info": infos,
+            "start_s": round(t0 - started, 1),
+            "generate_s": round(gen_s, 2),
+        }
+        print(run["name"], "start", round(t0 - started, 1), "s, generate", round(gen_s, 2), "s", flush=True)
+    Path(out_path).write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

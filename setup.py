@@ -9,7 +9,7 @@ from setuptools import Extension, find_packages, setup
 
 # LOOKAHEAD_SANITIZE=thread (or address,undefined) builds the trie with those
 # sanitizers, for hunting races and memory errors in the native code; run it
-# with the sanitizer's runtime in LD_PRELOAD (tests/test_sanitizers.py does).
+# with the sanitizer's runtime in LD_PRELOAD (tests/unit/test_sanitizers.py does).
 sanitize = os.environ.get("LOOKAHEAD_SANITIZE", "")
 compile_args = ["-std=c++17", "-pthread", "-O3"]
 link_args = ["-pthread"]

@@ -22,5 +22,5 @@ mkdir -p artifacts/gpu_check
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python3 -c "import sglang, torch; print('sglang', sglang.__version__, 'torch', torch.__version__)"
-  PYTHONUNBUFFERED=1 python3 lookahead/validate/__main__.py "$@"
+  PYTHONUNBUFFERED=1 python3 -m lookahead.validate "$@"
 } 2>&1 | tee artifacts/gpu_check/gpu_check.log

@@ -8,7 +8,7 @@
 #   .whl/      sglang 0.5.23 and the light dependencies the GPU machine lacks,
 #              as cp312 manylinux wheels (sglang's Rust extensions and
 #              multimodal_gen stripped to fit the transfer);
-#   .gpu/tiny  the tiny local model: python -m tiny_model .gpu/tiny
+#   .gpu/tiny  the tiny local model: python tools/tiny_model.py .gpu/tiny
 #
 # Kernels that SGLang would take from sglang-kernel, flashinfer or its own
 # JIT builds come from tools/bare_gpu (pure torch; see its
@@ -61,7 +61,7 @@ SERVER_ARGS="--attention-backend triton --sampling-backend pytorch --dtype float
 check() {  # $1: seconds, $2: name, $3: extra server flags, then gpu_check's --configs
   local budget=$1 name=$2 extra=$3; shift 3
   stamp "gpu_check $name on the tiny model (${budget} s at most): $*"
-  timeout -k 10 "$budget" python3 lookahead/validate/__main__.py --model-path .gpu/tiny --num-draft-tokens 8 \
+  timeout -k 10 "$budget" python3 -m lookahead.validate --model-path .gpu/tiny --num-draft-tokens 8 \
     --concurrency 1 4 16 --prompts-per-concurrency 2 --output-len 64 --server-timeout 180 \
     --extra-server-args "$SERVER_ARGS $extra" --out-dir "/tmp/$name" --configs "$@" > "$OUT/$name.log" 2>&1
   stamp "gpu_check $name rc=$?"

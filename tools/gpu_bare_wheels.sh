@@ -85,5 +85,5 @@ if os.path.getsize(wheel) > 30 << 20:  # not stripped yet
     os.remove(full)
 PY
 PYTHON=${PYTHON:-.venv/bin/python}
-"$PYTHON" -m tiny_model .gpu/tiny
+"$PYTHON" tools/tiny_model.py .gpu/tiny
 du -sh .whl .gpu

@@ -17,7 +17,6 @@ import logging
 import os
 import secrets
 import threading
-import time
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from typing import Any, Hashable, NamedTuple, Optional, Sequence
@@ -30,23 +29,13 @@ from lookahead.trie._tokens import read_tokens
 from lookahead.trie._tuning import TUNING_FIELDS, DraftTuning
 from lookahead.trie.config import LookaheadConfig, check_number
 from lookahead.trie.corpora import CorpusOverBudget, CorpusSet
-from lookahead.trie.scopes import Drop, ScopeBudget, check_scope
+from lookahead.trie.draft_log import DRAFT_LOG_ENV, DraftLog
+from lookahead.trie.saving import FORMAT_VERSION, Saver, split_corpora, split_scopes
+from lookahead.trie.scopes import PRIVATE, Drop, ScopeBudget, check_scope
 from lookahead.trie.tokens import MAX_TOKEN_ID, check_budget
 
 logger = logging.getLogger(__name__)
 
-# 1: one shared history ("shared"); 2: one per scope ("tokens" split by
-# "lengths", the scopes named in the meta, least recently used first).
-_FORMAT_VERSION = 2
-
-# The scope of a request that shares no history (put_prompt(share=False)):
-# no scope is ever keyed by it, so its drafts find no shared history.
-_PRIVATE = object()
-
-# Set to a file path, every draft is appended to it as a JSON line (request,
-# scope, its stream length, context tail, draft): what the end-to-end tests
-# check isolation with, in a real server.  Unset, drafting is untouched.
-DRAFT_LOG_ENV = "LOOKAHEAD_DRAFT_LOG"
 
 
 class Draft(NamedTuple):
@@ -73,7 +62,7 @@ class _Request:
     store: TokenStore  # the prompt, then the output as it is accepted
     prompt_len: int
     shared_upto: int  # store position up to which the output is in the shared history
-    scope: Any = None  # its scope's key (_PRIVATE: it shares nothing)
+    scope: Any = None  # its scope's key (PRIVATE: it shares nothing)
     corpora: Optional[frozenset] = None  # the corpora it chose (None: all it may see)
     # Its shared stores besides its history (the corpora it drafts from), as of corpus generation ``view_gen``.
     view: tuple = ()
@@ -122,11 +111,11 @@ class LookaheadCache:
         self._scratch = threading.local()
         self._drafters: list[Drafter] = []
         self._prompts = self._prompt_tokens = self._output_tokens = self._finished = 0
-        self._saver = _Saver(self)
+        self._saver = Saver(self)
         self._corpora = CorpusSet(config.corpus_memory_bytes, config.orders, self._max_id)
         log = os.environ.get(DRAFT_LOG_ENV)
         if log:
-            self._log = _DraftLog(log)
+            self._log = DraftLog(log)
             self.draft = self._logged_draft
             self.batch_draft = self._logged_batch_draft
 
@@ -172,7 +161,7 @@ class LookaheadCache:
         with self._lock:
             if rid in self._requests:
                 raise ValueError(f"request {rid!r} already has a prompt; call finish() before reusing its id")
-            self._requests[rid] = _Request(store, len(arr), len(arr), scope if share else _PRIVATE, corpora)
+            self._requests[rid] = _Request(store, len(arr), len(arr), scope if share else PRIVATE, corpora)
             self._prompts += 1
             self._prompt_tokens += len(arr)
             if share:
@@ -204,7 +193,7 @@ class LookaheadCache:
         # A separator keeps n-grams from spanning requests; the tokens just
         # before the new output (the prompt's tail, or the last shared output)
         # give its first tokens their context.
-        if req.scope is _PRIVATE:
+        if req.scope is PRIVATE:
             return
         with self._lock:
             start, end = req.shared_upto, req.store.appended
@@ -421,7 +410,7 @@ class LookaheadCache:
     def _write(self, path: str) -> None:
         keys, arrays = self._snapshot()
         corpora = self._corpora.ready()
-        meta = {"format": _FORMAT_VERSION, "config": {**asdict(self.config), "orders": list(self.config.orders)},
+        meta = {"format": FORMAT_VERSION, "config": {**asdict(self.config), "orders": list(self.config.orders)},
                 "tuning": asdict(self._tuning), "scopes": keys,
                 "corpora": [{"id": cid, "scope": scope} for cid, scope, _ in corpora]}
         tokens = np.concatenate(arrays) if arrays else np.zeros(0, np.int32)
@@ -453,11 +442,11 @@ class LookaheadCache:
             with np.load(path, allow_pickle=False) as data:
                 meta = json.loads(bytes(data["meta"]).decode())
                 fmt = meta.get("format")
-                corpora = _split_corpora(meta, data) if fmt == _FORMAT_VERSION else []
+                corpora = split_corpora(meta, data) if fmt == FORMAT_VERSION else []
                 if fmt == 1:
                     keys, chunks = [None], [np.ascontiguousarray(data["shared"], dtype=np.int32)]
-                elif fmt == _FORMAT_VERSION:
-                    keys, chunks = _split_scopes(meta, data["tokens"], data["lengths"])
+                elif fmt == FORMAT_VERSION:
+                    keys, chunks = split_scopes(meta, data["tokens"], data["lengths"])
                 else:
                     raise ValueError(f"unsupported lookahead cache format {fmt!r}")
             config = dict(meta["config"], orders=tuple(meta["config"]["orders"]))
@@ -523,112 +512,3 @@ class LookaheadCache:
         self._inserter.close()
         if "draft" in self.__dict__:  # the draft log's file
             self._log.close()
-
-
-def _split_scopes(meta: dict, tokens: np.ndarray, lengths: np.ndarray) -> tuple[list, list]:
-    # A format-2 file's histories, checked for consistency.
-    keys = meta["scopes"]
-    if not isinstance(keys, list) or any(k is not None and type(k) is not str for k in keys):
-        raise ValueError("the scopes are not a list of names")
-    if len(set(keys)) != len(keys):
-        raise ValueError("a scope is saved twice")
-    lengths = np.asarray(lengths)
-    if lengths.ndim != 1 or len(lengths) != len(keys) or (lengths < 0).any() or lengths.sum() != len(tokens):
-        raise ValueError("the histories' lengths do not match the tokens saved")
-    tokens = np.ascontiguousarray(tokens, dtype=np.int32)
-    ends = np.cumsum(lengths)
-    return keys, [tokens[end - n: end] for n, end in zip(lengths.tolist(), ends.tolist())]
-
-
-def _split_corpora(meta: dict, data) -> list:
-    # A format-2 file's corpora ((id, scope), tokens), checked; none in files saved before them.
-    entries = meta.get("corpora", [])
-    if not entries:
-        return []
-    if not isinstance(entries, list) or any(
-            not isinstance(e, dict) or type(e.get("id")) is not str or
-            (e.get("scope") is not None and type(e.get("scope")) is not str) for e in entries):
-        raise ValueError("the corpora are not a list of {id, scope}")
-    keys, chunks = _split_scopes({"scopes": [e["id"] for e in entries]}, data["corpus_tokens"],
-                                 data["corpus_lengths"])
-    return [((cid, e["scope"]), tokens) for cid, e, tokens in zip(keys, entries, chunks)]
-
-
-class _Saver:
-    """Writes a cache's snapshots from a thread of its own, so that saving
-    never holds up the caller (a server's scheduler): one save at a time,
-    and any asked for meanwhile become a single save after it (of the
-    newest state).  The thread exits when there is nothing to save; it is
-    not a daemon, so a save in progress completes before the process exits."""
-
-    def __init__(self, cache: LookaheadCache):
-        self._cache = cache
-        self._cond = threading.Condition()
-        self._queued: dict[str, Future] = {}  # path -> the future of its next save
-        self._running = False
-
-    def submit(self, path: str) -> Future:
-        with self._cond:
-            future = self._queued.get(path)
-            if future is None:
-                future = self._queued[path] = Future()
-            if not self._running:
-                self._running = True
-                threading.Thread(target=self._run, name="lookahead-save", daemon=False).start()
-            return future
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                if not self._queued:
-                    self._running = False
-                    self._cond.notify_all()
-                    return
-                path = next(iter(self._queued))
-                future = self._queued.pop(path)
-            future.set_running_or_notify_cancel()
-            t0 = time.monotonic()
-            try:
-                self._cache._write(path)
-            except BaseException as exc:
-                logger.warning("LOOKAHEAD: could not save the trie to %s: %s", path, exc)
-                future.set_exception(exc)
-            else:
-                future.set_result(time.monotonic() - t0)
-
-    def wait(self) -> None:
-        """Until no save is queued or in progress."""
-        with self._cond:
-            while self._running:
-                self._cond.wait()
-
-
-class _DraftLog:
-    """Appends each draft, with what it was drafted for, to a JSONL file
-    (see ``DRAFT_LOG_ENV``)."""
-
-    def __init__(self, path: str):
-        self._file = open(path, "a", buffering=1)
-        self._lock = threading.Lock()
-
-    def close(self) -> None:
-        with self._lock:
-            self._file.close()
-
-    def record(self, cache: LookaheadCache, rid, context, draft: Draft) -> None:
-        req = cache._requests.get(rid)
-        if req is None:
-            return
-        tail = list(context[-cache.config.max_match_len:])
-        line = json.dumps({
-            "rid": rid if isinstance(rid, (str, int)) else repr(rid),
-            "scope": None if req.scope is _PRIVATE else req.scope,
-            "share": req.scope is not _PRIVATE,
-            "stream": req.store.appended,
-            "context": [int(t) for t in tail],
-            "tokens": list(draft.tokens),
-            "parents": list(draft.parents),
-        })
-        with self._lock:
-            if not self._file.closed:
-                self._file.write(line + "\n")

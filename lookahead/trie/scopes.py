@@ -21,6 +21,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Hashable, NamedTuple, Optional
 
+# The scope of a request that shares no history (put_prompt(share=False)):
+# no scope is ever keyed by it, so its drafts find no shared history.
+PRIVATE = object()
+
 # The smallest history a scope gets (tokens): about one request's first share
 # (a separator, 24 prompt tokens and 128 of output), 21 kB with the default orders.
 MIN_CAPACITY = 256

@@ -3,7 +3,7 @@
 ``run_matrix(url, cases)`` sends every case to one running server and
 returns what each case's answer is made of (token ids, texts, logprobs,
 finish reasons), so that the answers of a plain server and of LOOKAHEAD
-servers can be compared case by case (``tests/test_feature_matrix.py``).
+servers can be compared case by case (``tests/e2e/test_feature_matrix.py``).
 
 The cases are built from a probe of the plain server (``build_cases``):
 the stop token and stop string are taken from what the model really writes,

@@ -8,7 +8,7 @@ speculative path really ran (verify steps, accepted drafts) and that no engine
 process outlives the driver.
 
 Runs in about 1-2 minutes on a quiet 2-core machine (sglang start-up dominates).
-This file is also the driver: ``python tests/test_cpu_sglang_smoke.py MODEL OUT``.
+This file is also the driver: ``python tests/e2e/test_cpu_sglang_smoke.py MODEL OUT``.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import urllib.request
 import pytest
 
 from draft_paths import drafts_with_own_streams, unexplained_paths
-from lookahead.trie.cache import DRAFT_LOG_ENV
+from lookahead.trie.draft_log import DRAFT_LOG_ENV
 from cpu_env import cpu_server_args
 from lookahead.validate.server import SGLangServer
 

@@ -3,7 +3,7 @@ run end to end on the CPU engine, so that its plumbing (the dataset, the
 servers, the feature matrix against the plain reference, bench_serving and
 the path counters, the report) cannot rot unseen between GPU runs: it once
 failed at its first line on the only GPU it met. What only a GPU proves is
-in ``scripts/gpu_check.sh``; this checks the script that proves it."""
+in ``python -m lookahead.validate``; this checks the module that proves it."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_gpu_check_runs_its_lookahead_configuration_on_cpu(tiny_model, tmp_path):
     out = tmp_path / "gpu_check"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "gpu_check.py"), "--model-path", tiny_model,
+        [sys.executable, "-m", "lookahead.validate", "--model-path", tiny_model,
          "--num-draft-tokens", "8", "--configs", "lookahead", "--concurrency", "1",
          "--prompts-per-concurrency", "1", "--output-len", "16", "--server-timeout", "300",
          "--extra-server-args", " ".join(cpu_server_args()), "--out-dir", str(out),
@@ -51,11 +51,8 @@ def test_report_fails_a_step_that_drafted_nothing_but_waited(tmp_path, capsys):
     """On a GPU (overlap on) a fallback step takes its roots on the device; one
     that read the previous step's tokens back is on a path the design does
     not intend, and the report says so."""
-    import importlib.util
+    import lookahead.validate.__main__ as gpu_check
 
-    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
-    gpu_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_check)
     row = {"config": "lookahead", "concurrency": 16, "median_tpot_ms": 10.0, "output_throughput": 100.0,
            "accept_length": 1.2, "steps": {"single-graph/fallback": 90, "verify-graph/verify": 10}}
     drafted = {**row, "overlap_waits": {"verify": 10}}

@@ -30,7 +30,7 @@ def main(spec_path: str, out_path: str) -> None:
     import sglang as sgl
     from transformers import AutoTokenizer
 
-    from lookahead.trie.cache import DRAFT_LOG_ENV
+    from lookahead.trie.draft_log import DRAFT_LOG_ENV
 
     spec = json.loads(Path(spec_path).read_text())
     prompt = AutoTokenizer.from_pretrained(spec["model"])(spec["text"])["input_ids"]

@@ -63,6 +63,7 @@ def _module_level_sgl_kernel_imports() -> dict:
     return wanted
 
 
+@pytest.mark.slow  # imports most of sglang in a subprocess: over 20 s here
 def test_every_name_sglang_binds_at_import_exists():
     wanted = _module_level_sgl_kernel_imports()
     assert "sgl_kernel" in wanted and "rmsnorm" in wanted["sgl_kernel"]

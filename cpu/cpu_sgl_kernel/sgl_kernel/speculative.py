@@ -174,7 +174,7 @@ def build_tree_kernel_efficient_cpu(
 ) -> None:
     """EAGLE's draft tree, in place: the contract of SGLang's Triton
     ``sgl_build_tree_kernel_efficient_triton`` (``spec_tree.py``), which
-    ``tests/test_cpu_kernels.py`` runs under ``TRITON_INTERPRET=1`` as the reference.
+    ``tests/unit/test_cpu_kernels.py`` runs under ``TRITON_INTERPRET=1`` as the reference.
 
     Per request ``b`` the verify tree has ``n = draft_token_num`` nodes: node 0
     is the last committed token, node ``i >= 1`` the draft candidate

@@ -20,7 +20,7 @@ if sanitize:
 # The native trie, one extension module per idea; they share declarations
 # through .pxd files (lookahead/trie/_native.pxd, and one beside each module that
 # others cimport) and call each other's cdef functions natively.
-NATIVE_MODULES = ("_tokens", "_store", "_draft_tree", "_drafting")
+NATIVE_MODULES = ("_tokens", "_store", "_inserter", "_draft_tree", "_matching", "_drafting")
 
 extensions = [
     Extension(

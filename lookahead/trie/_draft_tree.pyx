@@ -2,10 +2,10 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False, nonecheck=False
 """The draft trie: continuations merged into a small explicit trie, and the draft chosen from it.
 
-Drafting (``_drafting.pyx``) finds occurrences of the context in the token
-stores and weighs them; each occurrence's continuation, the tokens that
-followed it, is merged here into a trie whose nodes weigh as much as the
-continuations through them.  A node's *score* estimates the probability
+Drafting (``_drafting.pyx``, with ``_matching.pyx``) finds occurrences of
+the context in the token stores and weighs them; each occurrence's
+continuation, the tokens that followed it, is merged here into a trie whose
+nodes weigh as much as the continuations through them.  A node's *score* estimates the probability
 that the target accepts the path to it: its share of its parent's weight,
 with a pseudo-weight ``confidence`` for "something else", so that thin
 evidence ranks below a long verbatim match.  A multi-branch draft is the

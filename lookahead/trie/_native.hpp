@@ -164,7 +164,7 @@ inline int64_t store_base(const NativeStore* s) noexcept {
 }
 
 // The position that a chain head or link target ``e`` ((position + 1) mod
-// 2**32) names, as _latest in _drafting.pyx reads it.
+// 2**32) names, as _latest in _matching.pyx reads it.
 inline int64_t head_position(const NativeStore* s, uint32_t e) noexcept {
   return s->n - 1 - static_cast<int64_t>(static_cast<uint32_t>(static_cast<uint32_t>(s->n) - e));
 }

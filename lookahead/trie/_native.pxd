@@ -1,13 +1,13 @@
 # What every native module of the trie shares: the token store as C++ holds
 # it (``_native.hpp``), the n-gram hash, and the constants that the writers
-# (``_store.pyx``) and the readers (``_drafting.pyx``) must agree on.
+# (``_store.pyx``) and the readers (``_matching.pyx``) must agree on.
 #
 # A store is written by one module and read by another, so its layout and
 # the hash that keys its chains are declared once, here.  Only declarations
 # and small inline functions live in a .pxd: each module that cimports it
 # compiles them in, so the hot paths call no function through a pointer for
 # them.  The inserter thread and the count of running drafts are not here:
-# they belong to ``_store.pyx`` alone (one copy of each in the process).
+# they belong to ``_inserter.pyx`` alone (one copy of each in the process).
 
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libcpp.memory cimport shared_ptr

@@ -1,4 +1,4 @@
-# The token stores (see _store.pyx), as the drafting module sees them.
+# The token stores (see _store.pyx), as the drafting and inserter modules see them.
 
 from libc.stdint cimport int32_t, int64_t
 from libcpp.vector cimport vector
@@ -43,8 +43,9 @@ cdef class TokenStore:
     cdef StoreCounts _counts(self) noexcept nogil
 
 
-# Bracket a draft, or a batch of them: the insert thread yields to drafts
-# while any is running (see yield_to_drafts in _native.hpp).  The count
-# lives in this module only, so every draft must go through these two.
-cdef void begin_draft() noexcept nogil
-cdef void end_draft() noexcept nogil
+# What the Inserter (_inserter.pyx) applies to a store, on its thread or on
+# the caller's: a share's append, a prompt's indexing chunk by chunk, and
+# the check of a resize before it is queued.
+cdef void _store_append_chunked(NativeStore* s, const int32_t* src, int64_t count) noexcept nogil
+cdef int64_t _index_chunk(NativeStore* s) noexcept nogil
+cdef int _check_resize(TokenStore store, int64_t capacity) except -1

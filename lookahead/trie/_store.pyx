@@ -22,10 +22,10 @@ shrinks within the scopes' shared budget, see ``lookahead.trie.scopes``).
 
 Writers never hold up a draft for long: tokens are appended raw and indexed
 afterwards, one bounded chunk (``INDEX_CHUNK`` positions) per lock hold, by
-the caller for a few tokens or by the ``Inserter``'s native thread for
-prompts and shares; a draft only tries a shared lock and skips a store
-being written at that instant.  Everything here that touches a store runs
-without the GIL.
+the caller for a few tokens or by the ``Inserter``'s native thread
+(``_inserter.pyx``) for prompts and shares; a draft only tries a shared lock
+and skips a store being written at that instant.  Everything here that
+touches a store runs without the GIL.
 """
 
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
@@ -34,36 +34,19 @@ from libcpp.vector cimport vector
 
 import numpy as np
 
-from lookahead.trie._native cimport MAX_ORDERS, SEPARATOR, NativeStore, StorePtr, hash_step, store_base
+from lookahead.trie._native cimport MAX_ORDERS, SEPARATOR, NativeStore, hash_step, store_base
 from lookahead.trie._tokens cimport _read_tokens
 
 
 # What only the writers use of _native.hpp: allocation, the map of a small
-# history's heads, resizing, and the insert thread with the count of running
-# drafts it yields to (one count per process: it lives in this module only).
+# history's heads, resizing.  (The insert thread and the count of running
+# drafts it yields to are _inserter.pyx's.)
 cdef extern from "_native.hpp" namespace "lookahead" nogil:
     void allocate_store(NativeStore* s) except +
     bint reserve_store(NativeStore* s, int64_t cap, int hbits)
     uint32_t map_update(NativeStore* s, int o, uint32_t key, uint32_t head)
     void resize_store(NativeStore* s, int64_t new_cap) except +
     size_t map_bytes "lookahead::map_bytes"(const NativeStore* s)
-    cdef enum JobKind:
-        kAppend
-        kIndexPending
-        kResize
-    void draft_begin()
-    void draft_end()
-    int drafts_in_progress()
-    void yield_to_drafts()
-    ctypedef void (*ApplyFn)(NativeStore*, const int32_t*, int64_t, bint) noexcept nogil
-    cppclass InsertThread:
-        InsertThread(ApplyFn apply, size_t max_pending)
-        void submit(const StorePtr& store, const int32_t* tokens, int64_t count, int kind,
-                    bint urgent) except +
-        void synchronize()
-        size_t pending()
-        uint64_t failures()
-        void close()
 
 
 cdef enum:
@@ -76,19 +59,6 @@ cdef inline int _log2_ceil(int64_t x) noexcept nogil:
     while (<int64_t>1 << b) < x:
         b += 1
     return b
-
-
-cdef void begin_draft() noexcept nogil:
-    draft_begin()
-
-
-cdef void end_draft() noexcept nogil:
-    draft_end()
-
-
-def drafts_running():
-    """Drafts in progress in this process (the insert thread yields to them)."""
-    return drafts_in_progress()
 
 
 cdef void _store_init(NativeStore* s, int64_t capacity, bint ring, int norders, const int* orders,
@@ -252,23 +222,22 @@ cdef void _store_append_chunked(NativeStore* s, const int32_t* src, int64_t coun
         off += step
 
 
+cdef int64_t _index_chunk(NativeStore* s) noexcept nogil:
+    # Index the next INDEX_CHUNK appended positions under the lock; returns
+    # how many positions it advanced (0: everything is indexed).
+    cdef int64_t done
+    s.mtx.lock()
+    done = _index_locked(s, INDEX_CHUNK)
+    s.mtx.unlock()
+    return done
+
+
 cdef void _store_catch_up(NativeStore* s) noexcept nogil:
     """Index everything appended so far (a prompt), one chunk per lock hold,
-    each after any running draft (see yield_to_drafts in _native.hpp)."""
-    cdef int64_t done = 1
-    while done > 0:
-        yield_to_drafts()
-        s.mtx.lock()
-        done = _index_locked(s, INDEX_CHUNK)
-        s.mtx.unlock()
-
-
-cdef void _apply_insert(NativeStore* s, const int32_t* tokens, int64_t count, bint index_pending) noexcept nogil:
-    # The inserter thread's job body (see InsertThread in _native.hpp).
-    if index_pending:
-        _store_catch_up(s)
-    elif count > 0:
-        _store_append_chunked(s, tokens, count)
+    on the caller's thread (the insert thread's own catch-up also waits for
+    running drafts before each chunk: see _catch_up in _inserter.pyx)."""
+    while _index_chunk(s) > 0:
+        pass
 
 
 cdef bint _whole_hash(NativeStore* s, int64_t p, int k, uint64_t* h) noexcept nogil:
@@ -576,80 +545,3 @@ cdef class TokenStore:
         except MemoryError:
             raise MemoryError(f"out of memory resizing a scope's history to {capacity:,} tokens; "
                               f"it is unchanged") from None
-
-
-cdef class Inserter:
-    """The background writer of :class:`TokenStore` s: one native thread that
-    applies inserts in submission order and never takes the GIL (see
-    ``_native.hpp`` for why).  ``background=False`` applies each insert on
-    the caller's thread instead (debugging, and processes that must not
-    start threads)."""
-
-    cdef InsertThread* thread
-    cdef bint background
-
-    def __cinit__(self, bint background=True, size_t max_pending=256):
-        self.background = background
-        self.thread = new InsertThread(_apply_insert, max_pending if max_pending > 1 else 2)
-
-    def __dealloc__(self):
-        if self.thread != NULL:
-            with nogil:
-                self.thread.close()
-            del self.thread
-            self.thread = NULL
-
-    cdef int _submit(self, TokenStore store, const int32_t* tokens, int64_t count, int kind,
-                     bint urgent) except -1:
-        if not self.background:
-            if kind == kResize:
-                resize_store(store.s, count)   # MemoryError here, on the caller's thread
-            else:
-                with nogil:
-                    _apply_insert(store.s, tokens, count, kind == kIndexPending)
-            return 0
-        with nogil:
-            self.thread.submit(store.ptr, tokens, count, kind, urgent)
-        return 0
-
-    def index_pending(self, TokenStore store):
-        """Index whatever ``store`` holds unindexed (a prompt appended raw)."""
-        self._submit(store, NULL, 0, kIndexPending, True)
-
-    def share(self, TokenStore shared, TokenStore source, int64_t start, int64_t end, int64_t context):
-        """Append ``source``'s tokens [start, end) to ``shared`` behind a
-        separator, with ``context`` tokens before ``start`` so the first new
-        ones have n-grams to be found by (copied here, natively: no Python
-        list or array per flush).  Returns how many tokens that appends."""
-        cdef vector[int32_t] buf
-        buf.push_back(SEPARATOR)
-        with nogil:
-            source._copy(start - context, end, buf)  # _copy clips to what is held
-        # Not urgent: no draft waits for it, so no wake-up on the decode path.
-        self._submit(shared, buf.data(), buf.size(), kAppend, False)
-        return buf.size()
-
-    def resize(self, TokenStore store, int64_t capacity):
-        """Queue :meth:`TokenStore.resize` of a scope's history: applied in
-        order with the shares (so the same calls size every history the
-        same way), off the caller's thread.  A resize the process cannot
-        allocate leaves the history as it was and counts in ``failures``."""
-        _check_resize(store, capacity)
-        self._submit(store, NULL, capacity, kResize, False)
-
-    def synchronize(self):
-        """Wait (GIL released) until every insert submitted so far is applied."""
-        with nogil:
-            self.thread.synchronize()
-
-    def pending(self):
-        return self.thread.pending()
-
-    @property
-    def failures(self):
-        return self.thread.failures()
-
-    def close(self):
-        """Apply what is queued and stop the thread (a later insert restarts it)."""
-        with nogil:
-            self.thread.close()

@@ -6,7 +6,7 @@ shared traces) as the judge, and a change to one is a change to drafting,
 to be measured the same way.  ``LookaheadCache(tuning=DraftTuning(...))``
 takes other values, for such experiments and for tests that isolate one
 mechanism.  What each mechanism does is explained where it is implemented
-(``lookahead/trie/_drafting.pyx``, ``lookahead/trie/_draft_tree.pyx``);
+(``lookahead/trie/_matching.pyx``, ``_drafting.pyx``, ``_draft_tree.pyx``);
 ``tests/support/trie_reference.py`` specifies them all in plain Python.
 """
 

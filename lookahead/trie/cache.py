@@ -24,7 +24,8 @@ from typing import Any, Hashable, NamedTuple, Optional, Sequence
 import numpy as np
 
 from lookahead.trie._drafting import Drafter
-from lookahead.trie._store import Inserter, TokenStore
+from lookahead.trie._inserter import Inserter
+from lookahead.trie._store import TokenStore
 from lookahead.trie._tokens import read_tokens
 from lookahead.trie._tuning import TUNING_FIELDS, DraftTuning
 from lookahead.trie.config import LookaheadConfig, check_number

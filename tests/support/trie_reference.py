@@ -1,7 +1,7 @@
 """A pure-Python reference model of the drafting core (the executable spec).
 
 It reproduces, call for call, the drafts that the native trie
-(``lookahead.trie._store``, ``_drafting``, ``_draft_tree``) and
+(``lookahead.trie._store``, ``_matching``, ``_drafting``, ``_draft_tree``) and
 ``lookahead.trie.cache.LookaheadCache`` return once every insert has been applied
 (that is, after ``synchronize()``): same tokens, same parents, same order.
 Speed is no concern here; readability is.
@@ -219,7 +219,7 @@ def _pow(base: float, e: float) -> float:
 
 @dataclass
 class Params:
-    """The drafting parameters (``DraftParams`` in ``_drafting.pyx``): how
+    """The drafting parameters (``DraftParams`` in ``_matching.pxd``): how
     far back the context is read (``max_match``, the config's
     ``max_match_len``) and the tuning (``lookahead.trie._tuning.DraftTuning``)."""
 

@@ -310,7 +310,7 @@ def test_damaged_corpus_entries_set_the_file_aside(tmp_path):
 
 
 # Short walks and few candidates: the history and the corpora then share
-# what is left of each order's walk (see _gather in _drafting.pyx).
+# what is left of each order's walk (see _gather in _matching.pyx).
 SHORT_WALKS = DraftTuning(max_walk=3, low_walk=5, top_walk=4, enough_candidates=4, max_candidates=24)
 
 

@@ -60,7 +60,7 @@ def test_prompt_indexing_progresses_under_back_to_back_batch_drafts():
     time per chunk: a prompt is indexed even while another thread drafts
     batches without pause (inside ``batch_draft`` a draft is always
     running)."""
-    from lookahead.trie._store import drafts_running
+    from lookahead.trie._inserter import drafts_running
 
     marker, tail = list(range(1, 9)), [9, 10, 11, 12]
     big = np.random.default_rng(2).integers(1000, 50000, size=1 << 15).astype(np.int32)
@@ -98,7 +98,7 @@ def test_drafts_running_is_zero_after_every_kind_of_return():
     """The count the insert thread yields to is balanced even when a draft
     raises: otherwise every later prompt would be indexed at the slow,
     yielding pace."""
-    from lookahead.trie._store import drafts_running
+    from lookahead.trie._inserter import drafts_running
 
     with open_cache() as cache:
         cache.put_prompt("a", [1, 2, 3, 1, 2])

@@ -138,7 +138,8 @@ def test_what_the_process_cannot_allocate_is_a_memory_error():
         import numpy as np
         sys.path.insert(0, sys.argv[1])
         from lookahead import LookaheadCache
-        from lookahead.trie._store import Inserter, TokenStore
+        from lookahead.trie._inserter import Inserter
+        from lookahead.trie._store import TokenStore
         huge_output = np.ones(60_000_000, dtype=np.int32)
         cache = LookaheadCache(max_memory_bytes=1 << 30)  # histories are allocated as they grow
         cache.put_prompt("r", [1, 2, 3, 1, 2])

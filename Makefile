@@ -41,9 +41,9 @@ test: venv build model
 test-unit: venv build model
 	$(PY) -m pytest tests/unit -m "unit and not slow" -q -rs --durations=5
 
-# The acceptance replay on recorded traces: TRACES=DIR holding *.jsonl.gz token traces.
-TRACES ?= ../shared/traces
+# The acceptance replay on recorded traces: make replay TRACES=DIR, DIR holding *.jsonl.gz token traces.
 replay: venv build
+	@test -n "$(TRACES)" || { echo "make replay TRACES=DIR: DIR holds *.jsonl.gz replay traces"; exit 2; }
 	$(PY) -m lookahead.replay $(foreach t,$(wildcard $(TRACES)/*.jsonl.gz),--trace $(t)) \
 		--budget 4 8 16 --out-dir artifacts/replay
 

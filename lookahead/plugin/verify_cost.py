@@ -12,10 +12,18 @@ what the time it costs would bring at the current pace:
 
     score >= c1 * R
 
-with ``c1`` the seconds one more verified token adds to a step (the slope
-of step time against the tokens the step verified) and ``R`` the tokens
-committed per second. Both are moving estimates over decode steps, so the
-floor follows the hardware, the batch and the text. Before enough steps
+with ``c1`` the seconds one more verified token adds to a step and ``R``
+the tokens committed per second. ``c1`` is read at a given batch size: a
+step's time is regressed on its verified tokens and its batch size
+together, since each request of a batch costs time of its own (its
+attention, sampling, bookkeeping) whatever it verifies, and batch size and
+verified tokens rise and fall together as requests join and finish. On
+the tokens alone, that per-request cost (about 20 ms a request against
+about 1.3 ms a verified token, for SmolLM2-135M on 2 CPU cores) would be
+charged to the tokens, a slope about three times too steep at batch 4,
+where it cut drafts of requests answered before. Both are moving
+estimates over decode steps, so the floor follows the hardware, the batch
+and the text. Before enough steps
 with varied widths are seen, nothing is pruned. Pure Python; the worker
 feeds it and sets ``LookaheadCache.min_score`` from it.
 """
@@ -39,11 +47,15 @@ class VerifyCost:
     mean_tokens_sq: float = 0.0
     mean_cross: float = 0.0  # tokens x seconds
     mean_committed: float = 0.0  # committed tokens per step
+    mean_bs: float = 0.0  # batch size
+    mean_bs_sq: float = 0.0
+    mean_bs_tokens: float = 0.0  # batch size x tokens
+    mean_bs_seconds: float = 0.0  # batch size x seconds
 
-    def record(self, verified: int, committed: int, seconds: float) -> None:
-        """One decode step: ``verified`` tokens through the forward (all
-        requests' widths), ``committed`` tokens accepted, ``seconds`` from
-        its start to the next step's."""
+    def record(self, verified: int, committed: int, seconds: float, bs: int = 1) -> None:
+        """One decode step of ``bs`` requests: ``verified`` tokens through
+        the forward (all requests' widths), ``committed`` tokens accepted,
+        ``seconds`` from its start to the next step's."""
         if seconds <= 0 or verified <= 0:
             return
         a = 1.0 if self.samples == 0 else max(self.smoothing, 1.0 / (self.samples + 1))
@@ -53,14 +65,28 @@ class VerifyCost:
         self.mean_tokens_sq += a * (verified * verified - self.mean_tokens_sq)
         self.mean_cross += a * (verified * seconds - self.mean_cross)
         self.mean_committed += a * (committed - self.mean_committed)
+        self.mean_bs += a * (bs - self.mean_bs)
+        self.mean_bs_sq += a * (bs * bs - self.mean_bs_sq)
+        self.mean_bs_tokens += a * (bs * verified - self.mean_bs_tokens)
+        self.mean_bs_seconds += a * (bs * seconds - self.mean_bs_seconds)
 
     @property
     def seconds_per_token(self) -> float:
-        """``c1``: the slope of step time against verified tokens (0 unknown)."""
+        """``c1``: the slope of step time against verified tokens at a given
+        batch size (0 unknown): the tokens' coefficient when step time is
+        regressed on them and the batch size together."""
         var = self.mean_tokens_sq - self.mean_tokens ** 2
-        if var <= 0.25:  # widths barely vary: no slope to read
+        cov = self.mean_cross - self.mean_tokens * self.mean_seconds
+        var_bs = self.mean_bs_sq - self.mean_bs ** 2
+        if var_bs > 1e-6:
+            # What the batch size explains is taken out of both first.
+            cov_bt = self.mean_bs_tokens - self.mean_bs * self.mean_tokens
+            cov_bs = self.mean_bs_seconds - self.mean_bs * self.mean_seconds
+            var -= cov_bt * cov_bt / var_bs
+            cov -= cov_bt * cov_bs / var_bs
+        if var <= 0.25:  # widths barely vary at a given batch size: no slope to read
             return 0.0
-        return max(0.0, (self.mean_cross - self.mean_tokens * self.mean_seconds) / var)
+        return max(0.0, cov / var)
 
     def min_score(self) -> float:
         """The score below which a node costs more than it is expected to bring."""

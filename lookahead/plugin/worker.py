@@ -233,7 +233,7 @@ class LookaheadWorker(NGRAMWorker):
             if self.policy is not None:
                 self.policy.record_cost(bs, width > 1, now - start)
             if self.verify_cost is not None:
-                self.verify_cost.record(bs * width, self._committed, now - start)
+                self.verify_cost.record(bs * width, self._committed, now - start, bs)
                 self.cache.min_score = self.verify_cost.min_score()
         self._timed = (None, 1, now) if batch.forward_mode.is_decode() else None
         if self.policy is not None and batch.forward_mode.is_decode() and self.tp_size > 1:
@@ -347,8 +347,25 @@ class LookaheadWorker(NGRAMWorker):
             # identical calls give identical drafts on every rank.
             self.cache.synchronize()
         t0 = time.perf_counter()
-        drafts = self.cache.batch_draft([r.rid for r in reqs], contexts, self.speculative_num_draft_tokens - 1,
-                                        self.args.one_branch)
+        rids = [r.rid for r in reqs]
+        drafts = self.cache.batch_draft(rids, contexts, self.speculative_num_draft_tokens - 1, self.args.one_branch)
+        floor = self.cache.min_score
+        if floor > 0 and len(drafts) > 1:
+            # Every request of the batch verifies the longest draft's width:
+            # the slots a shorter draft leaves are paid for anyway, so they
+            # take its best nodes below the floor. A draft repeated on an
+            # unchanged stream extends the one made (the same best-first order).
+            width = max(len(d) for d in drafts)
+            short = [i for i, d in enumerate(drafts) if len(d) < width]
+            if short:
+                self.cache.min_score = 0.0
+                try:
+                    more = self.cache.batch_draft([rids[i] for i in short], [contexts[i] for i in short], width,
+                                                  self.args.one_branch)
+                finally:
+                    self.cache.min_score = floor
+                for i, d in zip(short, more):
+                    drafts[i] = d
         drafted = sum(len(d) for d in drafts)
         self.stats.record_draft(time.perf_counter() - t0, drafted, len(reqs))
         return drafts if drafted else None

@@ -45,7 +45,8 @@ from cpython.object cimport PyObject, PyTypeObject
 from lookahead.trie._draft_tree cimport DraftTree, _merge, _reset, _select
 from lookahead.trie._inserter cimport begin_draft, end_draft
 from lookahead.trie._matching cimport (
-    Candidate, DraftParams, SharedWalk, _anchor, _follow_copy, _fresh_walk, _gather, _prefetch_heads,
+    Candidate, DraftParams, SharedWalk, _anchor, _best_match, _follow_copy, _fresh_walk, _gather,
+    _prefetch_heads, _shared_match,
 )
 from lookahead.trie._native cimport NativeStore
 from lookahead.trie._store cimport DraftState, TokenStore, _fresh_state
@@ -151,6 +152,7 @@ cdef double _draft(NativeStore* local, NativeStore* const* shared, int nshared,
     # A chain bets on one continuation, and the request's own text is the
     # likelier single one; a tree also wants the shared alternatives.
     cdef double local_weight = prm.chain_local_weight if one_branch else prm.local_weight
+    cdef int shared_m
     cands.clear()
     _reset(tree)
     # One shared-lock hold per store: gather its occurrences and merge them.
@@ -163,10 +165,18 @@ cdef double _draft(NativeStore* local, NativeStore* const* shared, int nshared,
             state.pace = PACE_DECAY * state.pace + (1.0 - PACE_DECAY) * <double>(local.n - state.n)
         _prefetch_heads(local, ctx, ctx_len, _wants_alternatives(prm, state, ctx_len))
         _gather(local, ctx, ctx_len, prm, local_weight, one_branch, cands, NULL)
-        if prm.anchor_window > 0:
+        # An exact match in the shared stores (the earlier answer to a
+        # request asked again, say) outranks the own store's guesses: a
+        # re-anchored copy (a guess past diverged tokens) gives way to one at
+        # least anchor_min long, the copy being followed is only boosted if no
+        # shared occurrence matches further back (_shared_match; -1: not probed yet).
+        shared_m = -1
+        if prm.anchor_window > 0 and nshared > 0 and _best_match(cands) < prm.anchor_below:
+            shared_m = _shared_match(shared, nshared, ctx, ctx_len, prm)
+        if prm.anchor_window > 0 and shared_m < prm.anchor_min:
             _anchor(local, ctx, ctx_len, prm, local_weight, cands)
         if prm.copy_boost > 0:
-            _follow_copy(local, ctx, ctx_len, prm, local_weight, state, cands)
+            _follow_copy(local, ctx, ctx_len, prm, local_weight, state, cands, shared, nshared, shared_m)
         _weigh_output(prm, state, cands)
         state.n = local.n
         for c in range(cands.size()):

@@ -100,5 +100,9 @@ cdef int _gather(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftPar
                  SharedWalk* sw) noexcept nogil
 cdef void _anchor(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftParams* prm,
                   double store_weight, vector[Candidate]& cands) noexcept nogil
+cdef int _shared_match(NativeStore* const* shared, int nshared, const int32_t* ctx, int ctx_len,
+                       const DraftParams* prm) noexcept nogil
+cdef int _best_match(vector[Candidate]& cands) noexcept nogil
 cdef void _follow_copy(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftParams* prm,
-                       double store_weight, DraftState* state, vector[Candidate]& cands) noexcept nogil
+                       double store_weight, DraftState* state, vector[Candidate]& cands,
+                       NativeStore* const* shared, int nshared, int shared_m) noexcept nogil

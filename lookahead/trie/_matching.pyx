@@ -365,8 +365,50 @@ cdef void _anchor(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftPa
     cands.push_back(cand)
 
 
+cdef int _shared_match(NativeStore* const* shared, int nshared, const int32_t* ctx, int ctx_len,
+                       const DraftParams* prm) noexcept nogil:
+    """How far back the request's shared stores match the context at best:
+    the longest match among the first ``max_walk`` occurrences of its
+    highest-order suffix in each (0: none that long).  Called with the
+    request's own store locked, before its candidates are merged, where a
+    guess or a preference about the own store must give way to an exact
+    match found elsewhere (see ``_draft``)."""
+    cdef int si, best = 0
+    cdef size_t c
+    cdef NativeStore* sh
+    cdef DraftParams probe
+    cdef vector[Candidate] found
+    probe = prm[0]
+    probe.top_walk = probe.low_walk = 0
+    probe.enough_candidates = 1
+    probe.max_candidates = 4
+    probe.mismatch_weight = 0.0
+    for si in range(nshared):
+        sh = shared[si]
+        if sh == NULL or sh.norders == 0 or not sh.mtx.try_lock_shared():
+            continue
+        probe.min_match = sh.orders[sh.norders - 1]
+        found.clear()
+        _gather(sh, ctx, ctx_len, &probe, 1.0, False, found, NULL)
+        sh.mtx.unlock_shared()
+        for c in range(found.size()):
+            if found[c].match > best:
+                best = found[c].match
+    return best
+
+
+cdef int _best_match(vector[Candidate]& cands) noexcept nogil:
+    cdef int best = 0
+    cdef size_t c
+    for c in range(cands.size()):
+        if cands[c].match > best:
+            best = cands[c].match
+    return best
+
+
 cdef void _follow_copy(NativeStore* s, const int32_t* ctx, int ctx_len, const DraftParams* prm,
-                       double store_weight, DraftState* state, vector[Candidate]& cands) noexcept nogil:
+                       double store_weight, DraftState* state, vector[Candidate]& cands,
+                       NativeStore* const* shared, int nshared, int shared_m) noexcept nogil:
     """Prefer the copy being followed (call after gathering ``s``, the
     request's own stream, which ``ctx`` ends; must hold ``s.mtx``).
 
@@ -378,8 +420,13 @@ cdef void _follow_copy(NativeStore* s, const int32_t* ctx, int ctx_len, const Dr
     where that copy is; advanced by the tokens accepted since, it is where
     the copy goes on if it did.  When that position matches the context at
     least as far back as every other occurrence, its weight is multiplied by
-    ``copy_boost``.  A draft repeated on an unchanged stream looks at the
-    same position again, so it gives the same draft.
+    ``copy_boost``.  Every other occurrence includes the shared stores'
+    (``shared_m``, their best match, probed here with ``_shared_match`` if
+    the caller has not): a request asked again follows its earlier answer,
+    which matches the context further back than the prompt text both copy
+    from, and the boost must not hand the prompt the lead where the answer
+    left it.  A draft repeated on an unchanged stream looks at the same
+    position again, so it gives the same draft.
     """
     cdef int64_t n = s.n
     cdef int64_t q = -1
@@ -398,7 +445,9 @@ cdef void _follow_copy(NativeStore* s, const int32_t* ctx, int ctx_len, const Dr
         for c in range(cands.size()):
             if cands[c].match > m_best:
                 m_best = cands[c].match
-        if m > 0 and m >= m_best:
+        if m > 0 and m >= m_best and nshared > 0 and shared_m < 0:
+            shared_m = _shared_match(shared, nshared, ctx, ctx_len, prm)
+        if m > 0 and m >= m_best and m >= shared_m:
             for c in range(cands.size()):
                 if cands[c].pos == q:
                     cands[c].weight *= prm.copy_boost

@@ -47,7 +47,9 @@ Drafting one request after ``context`` (only its last ``max_match_len`` ids):
    The shared history is only searched if fewer than ``max_candidates``
    occurrences were found in the request's own store.
    In the request's own store, after re-anchoring and following the copy
-   (see ``anchor`` and ``follow_copy``), each occurrence in the output (at or
+   (see ``anchor`` and ``follow_copy``; re-anchoring gives way to a shared
+   match of ``anchor_min`` or more, the copy boost to a shared match longer
+   than the copy's: see ``shared_match``), each occurrence in the output (at or
    after the prompt's end) is multiplied by ``output_weight`` while the
    request's pace (see step 2) is below ``wildcard_pace``.
 2. *Merge* the continuation of each occurrence, in the order found, into a
@@ -326,6 +328,20 @@ def gather(store: RefStore, ctx: list, prm: Params, store_weight: float, cands: 
     return found
 
 
+def shared_match(shareds, ctx: list, prm: Params) -> int:
+    """How far back the shared stores match the context at best: the longest
+    match among the first ``max_walk`` occurrences of its highest-order
+    suffix in each (see ``_shared_match`` in the native code)."""
+    best = 0
+    for sh in shareds:
+        probe = dataclasses.replace(prm, min_match=sh.orders[-1], top_walk=0, low_walk=0,
+                                    enough_candidates=1, max_candidates=4, mismatch_weight=0.0)
+        found: list = []
+        gather(sh, ctx, probe, 1.0, found)
+        best = max([best] + [c.match for c in found])
+    return best
+
+
 def anchor(store: RefStore, ctx: list, prm: Params, weight: float, cands: list) -> None:
     """Copy re-anchoring after an edit (the request's own store, which the
     context ends): see ``_anchor`` in the native code."""
@@ -397,7 +413,8 @@ def merge(store: RefStore, cand: Candidate, depth: int, nodes: list) -> None:
         q += 1
 
 
-def follow_copy(store: RefStore, ctx: list, prm: Params, weight: float, cands: list) -> None:
+def follow_copy(store: RefStore, ctx: list, prm: Params, weight: float, cands: list,
+                shared_match=lambda: 0) -> None:
     """Prefer the copy being followed (the request's own store): see
     ``_follow_copy`` in the native code."""
     n = store.n
@@ -408,7 +425,7 @@ def follow_copy(store: RefStore, ctx: list, prm: Params, weight: float, cands: l
         m = 0
         while m < prm.max_match and m < len(ctx) and q - m >= 0 and toks[q - m] == ctx[-1 - m]:
             m += 1
-        if m > 0 and m >= max((c.match for c in cands), default=0):
+        if m > 0 and m >= max((c.match for c in cands), default=0) and m >= shared_match():
             for c in cands:
                 if c.pos == q:
                     c.weight *= prm.copy_boost
@@ -485,10 +502,15 @@ def draft(local: RefStore | None, shared, context, budget: int, one_branch: bool
             local.pace = PACE_DECAY * local.pace + (1.0 - PACE_DECAY) * (local.n - last_n)
         pace = local.pace
         gather(local, ctx, prm, local_weight, cands, one_branch)
-        if prm.anchor_window > 0:
+        # A shared exact match outranks the own store's guesses (see _draft).
+        shared_m = None
+        if prm.anchor_window > 0 and shareds and max((c.match for c in cands), default=0) < prm.anchor_below:
+            shared_m = shared_match(shareds, ctx, prm)
+        if prm.anchor_window > 0 and (shared_m or 0) < prm.anchor_min:
             anchor(local, ctx, prm, local_weight, cands)
         if prm.copy_boost > 0:
-            follow_copy(local, ctx, prm, local_weight, cands)
+            follow_copy(local, ctx, prm, local_weight, cands,
+                        lambda: shared_m if shared_m is not None else shared_match(shareds, ctx, prm))
         if local.prompt_end is not None and pace < prm.wildcard_pace:
             for c in cands:
                 if c.pos >= local.prompt_end:

@@ -66,6 +66,35 @@ def test_drafts_follow_the_copy_being_made():
             assert cache.draft("r", context, 4, one_branch=True).tokens == expected
 
 
+def test_a_request_asked_again_follows_its_earlier_answer():
+    """The same prompt again (a retry, "regenerate"): the earlier answer copied
+    the prompt, left it where the prompt's text reappears a little further on,
+    then went on in words of its own.  At that point the own store matches
+    only the two tokens after the divergence, so re-anchoring would resume
+    the prompt's copy there; but the scope's history holds the earlier
+    answer, which matches the whole context verbatim: it wins, and the draft
+    follows the answer, not the guess."""
+    text = list(range(1000, 1100))
+    prompt = [1] + text + [2, 3]
+    own_words = list(range(9000, 9010))
+    answer = text[:70] + text[80:82] + own_words
+    asked_again = prompt + answer[:72]
+    for one_branch in (False, True):
+        with open_cache(max_memory_bytes=1 << 20) as cache:
+            cache.put_prompt("first", prompt)
+            cache.put_output("first", answer)
+            cache.finish("first")
+            cache.put_prompt("again", prompt)
+            cache.put_output("again", answer[:72])
+            cache.synchronize()
+            assert cache.draft("again", asked_again, 4, one_branch).tokens[:4] == own_words[:4]
+            # Without that history the guess is all there is, and it is taken.
+            cache.put_prompt("alone", prompt, share=False)
+            cache.put_output("alone", answer[:72])
+            cache.synchronize()
+            assert cache.draft("alone", asked_again, 4, one_branch).tokens[:4] == text[82:86]
+
+
 def test_draft_past_tokens_never_seen():
     """A context ending in a token seen nowhere (a new name) still gets the
     draft that followed the tokens before it, one token on; two new tokens

@@ -75,7 +75,7 @@ cdef class DraftConfig:
                   double confidence, double order_norm, int top_walk, int low_walk, int anchor_window,
                   int anchor_below, int anchor_gap, int anchor_min, double copy_boost, int wildcard_tokens,
                   double mismatch_weight, double wildcard_weight, double wildcard_pace, int wildcard_walk,
-                  double output_weight, double wildcard_below, double min_score=0.0):
+                  double output_weight, double wildcard_below, double anchor_pace, double min_score=0.0):
         self.p.max_match = max_match_len
         self.p.max_walk = max_walk
         self.p.max_candidates = min(max_candidates, MAX_CANDIDATES_LIMIT)
@@ -92,6 +92,7 @@ cdef class DraftConfig:
         self.p.anchor_below = anchor_below
         self.p.anchor_gap = anchor_gap
         self.p.anchor_min = anchor_min
+        self.p.anchor_pace = anchor_pace
         self.p.copy_boost = copy_boost
         self.p.wildcard_tokens = wildcard_tokens
         self.p.mismatch_weight = mismatch_weight
@@ -153,6 +154,7 @@ cdef double _draft(NativeStore* local, NativeStore* const* shared, int nshared,
     # likelier single one; a tree also wants the shared alternatives.
     cdef double local_weight = prm.chain_local_weight if one_branch else prm.local_weight
     cdef int shared_m
+    cdef bint anchoring
     cands.clear()
     _reset(tree)
     # One shared-lock hold per store: gather its occurrences and merge them.
@@ -170,10 +172,16 @@ cdef double _draft(NativeStore* local, NativeStore* const* shared, int nshared,
         # re-anchored copy (a guess past diverged tokens) gives way to one at
         # least anchor_min long, the copy being followed is only boosted if no
         # shared occurrence matches further back (_shared_match; -1: not probed yet).
+        # Re-anchoring also waits for a request that is copying (its pace):
+        # in one writing fresh text (an agent's next step after a tool's
+        # output, whose prompt is full of boilerplate and earlier turns) a
+        # short own match is no diverged copy, and a re-anchored guess there
+        # outweighs what the shared history holds.
         shared_m = -1
-        if prm.anchor_window > 0 and nshared > 0 and _best_match(cands) < prm.anchor_below:
+        anchoring = prm.anchor_window > 0 and state.pace >= prm.anchor_pace
+        if anchoring and nshared > 0 and _best_match(cands) < prm.anchor_below:
             shared_m = _shared_match(shared, nshared, ctx, ctx_len, prm)
-        if prm.anchor_window > 0 and shared_m < prm.anchor_min:
+        if anchoring and shared_m < prm.anchor_min:
             _anchor(local, ctx, ctx_len, prm, local_weight, cands)
         if prm.copy_boost > 0:
             _follow_copy(local, ctx, ctx_len, prm, local_weight, state, cands, shared, nshared, shared_m)

@@ -28,6 +28,7 @@ cdef struct DraftParams:
     int anchor_below       # ... when the best local match is shorter than this
     int anchor_gap         # ... skipping at most this many diverged context tokens
     int anchor_min         # ... after a verified anchor match of at least this many
+    double anchor_pace     # ... only in a request whose pace is at least this (0: always)
     double copy_boost      # weight multiplier of the copy being followed (see _follow_copy), 0: off
     double mismatch_weight # own-stream matches go on past one mismatch, each further token counting this much (0: off)
     int wildcard_tokens    # an unmatched context: draft past its last 1..this many tokens as if they were any (0: off)

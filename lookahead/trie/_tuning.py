@@ -38,6 +38,7 @@ class DraftTuning:
     anchor_below: int = 4  # ... when the best match in the request's own stream is shorter
     anchor_gap: int = 14  # ... skipping at most this many diverged context tokens
     anchor_min: int = 12  # ... behind an anchor verified over at least this many tokens
+    anchor_pace: float = 2.0  # ... only in a request advancing at least this many tokens per draft (0: always)
     # The copy cursor (_follow_copy).
     copy_boost: float = 4.0  # weight of the copy being followed, among equally long matches (0: off)
     # Past one mismatch in the request's own stream (_gather).
@@ -59,7 +60,7 @@ class DraftTuning:
             check_int(getattr(self, name), 1, name)
         for name in ("anchor_window", "wildcard_tokens"):
             check_int(getattr(self, name), 0, name)
-        for name in ("match_exponent", "confidence", "order_norm", "copy_boost", "mismatch_weight",
+        for name in ("match_exponent", "confidence", "order_norm", "copy_boost", "mismatch_weight", "anchor_pace",
                      "wildcard_weight", "wildcard_pace", "wildcard_below", "min_score"):
             check_number(getattr(self, name), 0, name)
         for name in ("local_weight", "chain_local_weight"):

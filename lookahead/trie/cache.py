@@ -68,6 +68,27 @@ class _Request:
     # Its shared stores besides its history (the corpora it drafts from), as of corpus generation ``view_gen``.
     view: tuple = ()
     view_gen: int = -1
+    tail: int = 0  # prompt tokens shared before its output (see share_tail)
+
+
+def share_tail(prompt: np.ndarray, config: LookaheadConfig) -> int:
+    """How many of the prompt's last tokens go into the shared history
+    before its output: ``share_prompt_tail``, or ``share_tail_margin`` past
+    the longest suffix of the prompt that also occurs earlier in it, at most
+    ``max_match_len``."""
+    tail = config.share_prompt_tail
+    n = len(prompt)
+    if config.share_tail_margin == 0 or n < 2:
+        return tail
+    limit = max(0, min(n - 1, config.max_match_len - config.share_tail_margin))
+    # Ends of the earlier occurrences of the prompt's last k tokens, k = 1, 2, ...
+    ends = np.flatnonzero(prompt[:-1] == prompt[-1])
+    k = 0
+    while ends.size and k < limit:
+        k += 1
+        ends = ends[ends >= k]
+        ends = ends[prompt[ends - k] == prompt[n - 1 - k]]
+    return max(tail, min(k + config.share_tail_margin, config.max_match_len))
 
 
 class LookaheadCache:
@@ -162,7 +183,8 @@ class LookaheadCache:
         with self._lock:
             if rid in self._requests:
                 raise ValueError(f"request {rid!r} already has a prompt; call finish() before reusing its id")
-            self._requests[rid] = _Request(store, len(arr), len(arr), scope if share else PRIVATE, corpora)
+            self._requests[rid] = _Request(store, len(arr), len(arr), scope if share else PRIVATE, corpora,
+                                           tail=share_tail(arr, self.config) if share else 0)
             self._prompts += 1
             self._prompt_tokens += len(arr)
             if share:
@@ -200,7 +222,7 @@ class LookaheadCache:
             start, end = req.shared_upto, req.store.appended
             if end <= start:
                 return
-            context = self.config.share_prompt_tail if start == req.prompt_len else max(self.config.orders)
+            context = req.tail if start == req.prompt_len else max(self.config.orders)
             req.shared_upto = end
             # What Inserter.share appends: the separator, then the request's
             # tokens from ``start - context`` (a request store never evicts).

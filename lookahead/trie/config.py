@@ -98,7 +98,11 @@ class LookaheadConfig:
     request's output enters its scope's history every ``flush_tokens``
     tokens and when it ends, behind the last ``share_prompt_tail`` tokens of
     its prompt (so the start of an answer is found by the end of its
-    question); ``share_outputs=False`` shares nothing.
+    question), or more where the prompt's end repeats earlier in the prompt:
+    ``share_tail_margin`` tokens past the longest such suffix, at most
+    ``max_match_len`` (an agent's prompt ends in the same boilerplate after
+    every tool output, which tells nothing of which turn it is; 0: off);
+    ``share_outputs=False`` shares nothing.
     ``corpus_memory_bytes`` bounds the external corpora (``lookahead.trie.corpora``),
     apart from the histories; nothing is allocated until a corpus is added.
     """
@@ -108,6 +112,7 @@ class LookaheadConfig:
     orders: tuple = (1, 2, 4, 8)
     share_outputs: bool = True
     share_prompt_tail: int = 24
+    share_tail_margin: int = 16
     flush_tokens: int = 128
     vocab_size: int | None = None  # reject ids >= vocab_size when set
     background: bool = True  # False: apply inserts on the caller's thread (debugging)
@@ -123,6 +128,7 @@ class LookaheadConfig:
             raise ValueError(f"at most 8 n-gram orders are supported, got {len(orders)}")
         object.__setattr__(self, "orders", orders)
         check_int(self.share_prompt_tail, 0, "share_prompt_tail")
+        check_int(self.share_tail_margin, 0, "share_tail_margin")
         check_int(self.flush_tokens, 1, "flush_tokens")
         check_memory(self.corpus_memory_bytes, "corpus_memory_bytes")
         if self.vocab_size is not None:

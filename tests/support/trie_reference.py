@@ -47,7 +47,8 @@ Drafting one request after ``context`` (only its last ``max_match_len`` ids):
    The shared history is only searched if fewer than ``max_candidates``
    occurrences were found in the request's own store.
    In the request's own store, after re-anchoring and following the copy
-   (see ``anchor`` and ``follow_copy``; re-anchoring gives way to a shared
+   (see ``anchor`` and ``follow_copy``; re-anchoring waits for a pace of
+   ``anchor_pace`` or more, and gives way to a shared
    match of ``anchor_min`` or more, the copy boost to a shared match longer
    than the copy's: see ``shared_match``), each occurrence in the output (at or
    after the prompt's end) is multiplied by ``output_weight`` while the
@@ -82,8 +83,8 @@ Drafting one request after ``context`` (only its last ``max_match_len`` ids):
 The cache (``LookaheadCache``) around it: a request's store holds its prompt
 and then its outputs.  Outputs are *shared* (appended to the request's
 scope's history as ``[-1] + context + new output``) every ``flush_tokens``
-tokens and at ``finish``; the context is the last ``share_prompt_tail``
-prompt tokens the first time and the last ``max(orders)`` tokens
+tokens and at ``finish``; the context is the last ``share_tail`` (see
+there) prompt tokens the first time and the last ``max(orders)`` tokens
 afterwards.  A request drafts from its own store and its scope's history;
 a request put with ``share=False`` shares nothing and drafts from no history.
 How big each history is (``Resize``) and which are dropped (``Drop``) is
@@ -249,6 +250,7 @@ class Params:
     wildcard_walk: int
     wildcard_below: float
     output_weight: float
+    anchor_pace: float
     min_score: float = 0.0
 
     def __post_init__(self):
@@ -504,9 +506,10 @@ def draft(local: RefStore | None, shared, context, budget: int, one_branch: bool
         gather(local, ctx, prm, local_weight, cands, one_branch)
         # A shared exact match outranks the own store's guesses (see _draft).
         shared_m = None
-        if prm.anchor_window > 0 and shareds and max((c.match for c in cands), default=0) < prm.anchor_below:
+        anchoring = prm.anchor_window > 0 and pace >= prm.anchor_pace
+        if anchoring and shareds and max((c.match for c in cands), default=0) < prm.anchor_below:
             shared_m = shared_match(shareds, ctx, prm)
-        if prm.anchor_window > 0 and (shared_m or 0) < prm.anchor_min:
+        if anchoring and (shared_m or 0) < prm.anchor_min:
             anchor(local, ctx, prm, local_weight, cands)
         if prm.copy_boost > 0:
             follow_copy(local, ctx, prm, local_weight, cands,
@@ -574,6 +577,23 @@ class RefRequest:
     scope: object = None  # its scope's key, or PRIVATE
     share: bool = True
     corpora: object = None  # the corpus ids it chose (None: every one it may see)
+    tail: int = 0  # prompt tokens shared before its output (share_tail)
+
+
+def share_tail(prompt: list, config) -> int:
+    """``share_prompt_tail``, or ``share_tail_margin`` past the longest
+    suffix of the prompt that also occurs earlier in it (at most
+    ``max_match_len``)."""
+    if config.share_tail_margin == 0 or len(prompt) < 2:
+        return config.share_prompt_tail
+    n, best = len(prompt), 0
+    limit = max(0, min(n - 1, config.max_match_len - config.share_tail_margin))
+    for end in range(n - 1):
+        k = 0
+        while k <= limit and end - k >= 0 and prompt[end - k] == prompt[n - 1 - k]:
+            k += 1
+        best = max(best, k)
+    return max(config.share_prompt_tail, min(min(best, limit) + config.share_tail_margin, config.max_match_len))
 
 
 class RefCache:
@@ -630,7 +650,8 @@ class RefCache:
         store.append(tokens)
         store.prompt_end = len(tokens)
         self.requests[rid] = RefRequest(store, len(tokens), len(tokens), scope, share,
-                                        None if corpora is None else frozenset(corpora))
+                                        None if corpora is None else frozenset(corpora),
+                                        share_tail(tokens, self.config))
         if share:
             self.budget.touch(scope)
 
@@ -651,7 +672,7 @@ class RefCache:
         start, end = req.shared_upto, req.store.n
         if end <= start:
             return
-        context = self.config.share_prompt_tail if start == req.prompt_len else max(self.config.orders)
+        context = req.tail if start == req.prompt_len else max(self.config.orders)
         req.shared_upto = end
         tokens = [SEPARATOR] + req.store.slice(start - context, end)
         scope, steps = self.budget.share(req.scope, len(tokens))

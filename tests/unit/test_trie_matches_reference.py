@@ -50,8 +50,10 @@ RANDOM_CONFIG = st.fixed_dictionaries({
     "confidence": st.sampled_from([0.0, 1.0, 8.0]),
     "order_norm": st.sampled_from([0.0, 0.5, 1.0]),
     "min_score": st.sampled_from([0.0, 0.0, 0.05, 0.3]),
+    "anchor_pace": st.sampled_from([0.0, 2.0, 3.0]),
     "share_outputs": st.sampled_from([True, True, False]),
     "share_prompt_tail": st.sampled_from([0, 1, 3, 8, 10]),
+    "share_tail_margin": st.sampled_from([0, 1, 3, 16]),
     "flush_tokens": st.sampled_from([1, 3, 8, 128]),
     "background": st.booleans(),
 })

@@ -14,7 +14,7 @@ the conversation before it (system, instance prompt and demonstrations, earlier
 actions and observations) rendered with the model's chat template and a
 generation prompt; the response is that assistant message (its text, plus its
 tool calls in Hermes style ``<tool_call>{json}</tool_call>`` for the
-function-calling trajectories).  Tokenized as ``lookahead/trace_formats.py``
+function-calling trajectories).  Tokenized as ``lookahead/replay/formats.py``
 tokenizes conversations.
 
 Two traces are written to ``--out-dir``:
@@ -30,7 +30,7 @@ Two traces are written to ``--out-dir``:
 
 Each line is ``{"prompt": [ids], "response": [ids], "task": path, "attempt": k}``.
 
-    python benchmarks/agent_traces.py /work/.mirror/SWE-agent+SWE-agent/repo   # a bare git dir (HEAD)
+    python benchmarks/agent_traces.py SWE-agent.git    # a bare clone (git clone --bare): HEAD and its history
     python benchmarks/agent_traces.py path/to/trajectories/                    # or *.traj files
 """
 

@@ -136,3 +136,13 @@ def test_public_names_stay_importable_from_the_package():
     assert (lookahead.LookaheadCache, lookahead.Draft, lookahead.LookaheadConfig) == (
         LookaheadCache, Draft, LookaheadConfig)
     assert sorted(lookahead.__all__) == ["Draft", "LookaheadCache", "LookaheadConfig", "__version__"]
+
+
+def test_the_readme_is_for_users_and_short():
+    """Under 250 lines, opening with the two commands that set everything up;
+    measurement history lives in docs/, and nothing reads ../shared."""
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) < 250, len(text.splitlines())
+    first_block = text.split("```")[1]
+    assert "make demo" in first_block and "make test" in first_block, first_block
+    assert "../shared" not in text

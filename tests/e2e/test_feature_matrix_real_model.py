@@ -14,22 +14,16 @@ import pytest
 
 from cpu_env import cpu_server_args
 from lookahead.validate import feature_matrix as fm
-from lookahead.validate.server import SGLangServer
+from test_feature_matrix import _start
 
 BASE = dict(max_running_requests=16, max_total_tokens=24576, chunked_prefill_size=256,
             enable_custom_logit_processor=True, dtype="float32")
 
 
-def _serve(model, args, env, log) -> SGLangServer:
-    srv = SGLangServer(model, args, env, log)
-    srv.start(timeout=900)
-    return srv
-
-
 @pytest.fixture(scope="module")
 def plain(real_model, cpu_subprocess_env, tmp_path_factory):
     log = tmp_path_factory.mktemp("matrix_real") / "plain.log"
-    srv = _serve(real_model, cpu_server_args(**BASE, disable_overlap_schedule=True), cpu_subprocess_env, log)
+    srv = _start(real_model, cpu_server_args(**BASE, disable_overlap_schedule=True), cpu_subprocess_env, log)
     try:
         cases, results = fm.reference(srv.url, real_model)
     finally:
@@ -42,7 +36,7 @@ def lookahead(plain, real_model, cpu_subprocess_env, tmp_path_factory):
     log = tmp_path_factory.mktemp("matrix_real") / "tree.log"
     args = cpu_server_args(**BASE) + ["--speculative-algorithm", "LOOKAHEAD", "--speculative-num-draft-tokens", "8",
                                       "--enable-metrics", "--log-level", "info"]
-    srv = _serve(real_model, args, cpu_subprocess_env, log)
+    srv = _start(real_model, args, cpu_subprocess_env, log)
     try:
         results = fm.run_matrix(srv.url, plain["cases"], real_model)
         metrics = fm.get(srv.url + "/metrics")

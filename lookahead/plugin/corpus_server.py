@@ -78,6 +78,15 @@ def request_type():
     return _request_type
 
 
+def __getattr__(name):
+    # Made on first use (request_type), but any process may have to unpickle
+    # one first: with --dp-size the data-parallel controller receives the add
+    # request from the tokenizer manager before passing it on to every replica.
+    if name == "LookaheadAddExternalCorpusReqInput":
+        return request_type()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 # -- the HTTP server's process ---------------------------------------------------------
 
 

@@ -28,6 +28,7 @@ from lookahead.trie._inserter import Inserter
 from lookahead.trie._store import TokenStore
 from lookahead.trie._tokens import read_tokens
 from lookahead.trie._tuning import TUNING_FIELDS, DraftTuning
+from lookahead.trie.answers import AnswerMemo, fingerprint, follow
 from lookahead.trie.config import LookaheadConfig, check_number
 from lookahead.trie.corpora import CorpusOverBudget, CorpusSet
 from lookahead.trie.draft_log import DRAFT_LOG_ENV, DraftLog
@@ -36,6 +37,10 @@ from lookahead.trie.scopes import PRIVATE, Drop, ScopeBudget, check_scope
 from lookahead.trie.tokens import MAX_TOKEN_ID, check_budget
 
 logger = logging.getLogger(__name__)
+
+# How often a token of an answer given before to the same prompt is accepted,
+# given the previous one: what a draft that follows it expects (Draft.expected).
+ANSWER_ODDS = 0.9
 
 
 
@@ -69,6 +74,8 @@ class _Request:
     view: tuple = ()
     view_gen: int = -1
     tail: int = 0  # prompt tokens shared before its output (see share_tail)
+    print_: int = 0  # its prompt's fingerprint (lookahead.trie.answers)
+    answer: Optional[np.ndarray] = None  # the answer its prompt got before, while its output follows it
 
 
 def share_tail(prompt: np.ndarray, config: LookaheadConfig) -> int:
@@ -135,6 +142,7 @@ class LookaheadCache:
         self._prompts = self._prompt_tokens = self._output_tokens = self._finished = 0
         self._saver = Saver(self)
         self._corpora = CorpusSet(config.corpus_memory_bytes, config.orders, self._max_id)
+        self._answers = AnswerMemo(config.remember_answers)
         log = os.environ.get(DRAFT_LOG_ENV)
         if log:
             self._log = DraftLog(log)
@@ -180,11 +188,14 @@ class LookaheadCache:
         # The raw copy is a memcpy; the indexing is the expensive part.
         store.append_tokens(arr, False)
         store.mark_prompt_end()
+        remembers = share and self.config.share_outputs and self._answers.entries > 0 and len(arr) > 0
+        print_ = fingerprint(arr) if remembers else 0
         with self._lock:
             if rid in self._requests:
                 raise ValueError(f"request {rid!r} already has a prompt; call finish() before reusing its id")
             self._requests[rid] = _Request(store, len(arr), len(arr), scope if share else PRIVATE, corpora,
-                                           tail=share_tail(arr, self.config) if share else 0)
+                                           tail=share_tail(arr, self.config) if share else 0, print_=print_,
+                                           answer=self._answers.recall(scope, print_) if remembers else None)
             self._prompts += 1
             self._prompt_tokens += len(arr)
             if share:
@@ -223,6 +234,8 @@ class LookaheadCache:
             if end <= start:
                 return
             context = req.tail if start == req.prompt_len else max(self.config.orders)
+            if start == req.prompt_len and req.print_:
+                self._answers.remember(req.scope, req.print_, req.store.slice(start - 1, start + self._answers.keep))
             req.shared_upto = end
             # What Inserter.share appends: the separator, then the request's
             # tokens from ``start - context`` (a request store never evicts).
@@ -313,8 +326,22 @@ class LookaheadCache:
         req = self._requests.get(rid)
         if req is None:
             raise ValueError(f"unknown request {rid!r}: call put_prompt() first")
-        return self._drafter().draft_context(req.store, self._shared_of(req), context, budget,
-                                             one_branch, self._draft_config, self._max_id)
+        draft = self._drafter().draft_context(req.store, self._shared_of(req), context, budget,
+                                              one_branch, self._draft_config, self._max_id)
+        return draft if req.answer is None else self._follow_answer(req, context, budget, draft)
+
+    def _follow_answer(self, req: _Request, context: Any, budget: int, draft: Draft) -> Draft:
+        # The request's prompt got this answer before (lookahead.trie.answers):
+        # draft it while the output follows it; past that, forget it.
+        tokens = follow(req.answer, context, req.store.appended - req.prompt_len, budget)
+        if tokens is None:
+            req.answer = None
+        if not tokens:
+            return draft
+        # Expected: what an answer given before is worth, each token accepted
+        # with ANSWER_ODDS given the previous one.
+        return Draft(tokens, list(range(-1, len(tokens) - 1)),
+                     sum(ANSWER_ODDS ** (i + 1) for i in range(len(tokens))))
 
     def _shared_of(self, req: _Request):
         # The request's history, and its corpora if any exist: what it drafts from besides its own store.
@@ -334,7 +361,7 @@ class LookaheadCache:
         budget = check_budget(budget)
         if len(rids) != len(contexts):
             raise ValueError(f"batch_draft got {len(rids)} rids but {len(contexts)} contexts")
-        stores, histories = [], []
+        stores, histories, following = [], [], []
         requests, history_of = self._requests, self._histories.get
         with_corpora = bool(self._corpora.view)
         for rid in rids:
@@ -343,8 +370,13 @@ class LookaheadCache:
                 raise ValueError(f"unknown request {rid!r}: call put_prompt() first")
             stores.append(req.store)
             histories.append(self._shared_of(req) if with_corpora else history_of(req.scope))
-        return self._drafter().draft_batch(stores, histories, list(contexts), budget, one_branch,
-                                           self._draft_config, self._max_id)
+            if req.answer is not None:
+                following.append((len(stores) - 1, req))
+        drafts = self._drafter().draft_batch(stores, histories, list(contexts), budget, one_branch,
+                                             self._draft_config, self._max_id)
+        for i, req in following:
+            drafts[i] = self._follow_answer(req, contexts[i], budget, drafts[i])
+        return drafts
 
     def _logged_draft(self, rid, context, budget, one_branch=False):
         draft = LookaheadCache.draft(self, rid, context, budget, one_branch)
@@ -397,6 +429,8 @@ class LookaheadCache:
             "shared_bytes": shared_bytes,
             "total_bytes": shared_bytes + local_bytes + corpora["corpus_bytes"],
             **corpora,
+            "answers_remembered": len(self._answers),
+            "answers_followed": self._answers.hits,
             "pending_inserts": self._inserter.pending(),
             "failed_inserts": self._inserter.failures,
         }

@@ -103,6 +103,9 @@ class LookaheadConfig:
     ``max_match_len`` (an agent's prompt ends in the same boilerplate after
     every tool output, which tells nothing of which turn it is; 0: off);
     ``share_outputs=False`` shares nothing.
+    ``remember_answers``: how many prompts' answers (their first 64 tokens,
+    per scope) are kept so that the same prompt served again drafts its
+    earlier answer from its first token (``lookahead.trie.answers``; 0: off).
     ``corpus_memory_bytes`` bounds the external corpora (``lookahead.trie.corpora``),
     apart from the histories; nothing is allocated until a corpus is added.
     """
@@ -114,6 +117,7 @@ class LookaheadConfig:
     share_prompt_tail: int = 24
     share_tail_margin: int = 16
     flush_tokens: int = 128
+    remember_answers: int = 8192
     vocab_size: int | None = None  # reject ids >= vocab_size when set
     background: bool = True  # False: apply inserts on the caller's thread (debugging)
     corpus_memory_bytes: int = 512 << 20
@@ -130,6 +134,7 @@ class LookaheadConfig:
         check_int(self.share_prompt_tail, 0, "share_prompt_tail")
         check_int(self.share_tail_margin, 0, "share_tail_margin")
         check_int(self.flush_tokens, 1, "flush_tokens")
+        check_int(self.remember_answers, 0, "remember_answers")
         check_memory(self.corpus_memory_bytes, "corpus_memory_bytes")
         if self.vocab_size is not None:
             check_int(self.vocab_size, 1, "vocab_size")

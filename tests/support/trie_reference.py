@@ -578,6 +578,8 @@ class RefRequest:
     share: bool = True
     corpora: object = None  # the corpus ids it chose (None: every one it may see)
     tail: int = 0  # prompt tokens shared before its output (share_tail)
+    prompt: tuple = ()
+    answer: object = None  # the answer its prompt got before, while followed (see follow_answer)
 
 
 def share_tail(prompt: list, config) -> int:
@@ -607,6 +609,7 @@ class RefCache:
         self.budget = ScopeBudget(config.max_memory_bytes, config.shared_capacity, len(config.orders))
         self.requests: dict = {}
         self.corpora: dict = {}  # id -> (scope, [RefStore pieces])
+        self.answers: dict = {}  # (scope, prompt) -> the first 64 tokens of its latest answer, oldest used first
 
     def add_corpus(self, corpus_id, stream, scope=None) -> None:
         """A corpus (one stream, -1 between documents), cut into pieces as
@@ -649,9 +652,12 @@ class RefCache:
         store = RefStore(max(1024, 2 * len(tokens) + 256), False, self.config.orders)
         store.append(tokens)
         store.prompt_end = len(tokens)
-        self.requests[rid] = RefRequest(store, len(tokens), len(tokens), scope, share,
-                                        None if corpora is None else frozenset(corpora),
-                                        share_tail(tokens, self.config))
+        req = self.requests[rid] = RefRequest(store, len(tokens), len(tokens), scope, share,
+                                              None if corpora is None else frozenset(corpora),
+                                              share_tail(tokens, self.config), tuple(tokens))
+        if share and self.config.share_outputs and (scope, req.prompt) in self.answers:
+            req.answer = self.answers.pop((scope, req.prompt))
+            self.answers[(scope, req.prompt)] = req.answer
         if share:
             self.budget.touch(scope)
 
@@ -673,6 +679,11 @@ class RefCache:
         if end <= start:
             return
         context = req.tail if start == req.prompt_len else max(self.config.orders)
+        if start == req.prompt_len and self.config.remember_answers > 0 and req.prompt_len > 0:
+            self.answers.pop((req.scope, req.prompt), None)
+            self.answers[(req.scope, req.prompt)] = req.store.slice(start - 1, min(end, start + ANSWER_KEEP))
+            while len(self.answers) > self.config.remember_answers:
+                del self.answers[next(iter(self.answers))]
         req.shared_upto = end
         tokens = [SEPARATOR] + req.store.slice(start - context, end)
         scope, steps = self.budget.share(req.scope, len(tokens))
@@ -691,5 +702,34 @@ class RefCache:
         req = self.requests[rid]
         history = self.history(req.scope) if req.share else None
         corpora = self.corpus_stores(req)
-        return draft(req.store, [history] + corpora if corpora else history, context, budget,
-                     one_branch, self.params)
+        out = draft(req.store, [history] + corpora if corpora else history, context, budget,
+                    one_branch, self.params)
+        if req.answer is not None:
+            tokens = follow_answer(req.answer, [int(t) for t in context], req.store.n - req.prompt_len, budget)
+            if tokens is None:
+                req.answer = None
+            elif tokens:
+                out = tokens, list(range(-1, len(tokens) - 1)), sum(0.9 ** (i + 1) for i in range(len(tokens)))
+        return out
+
+
+ANSWER_KEEP = 64  # answer tokens remembered per prompt
+
+
+def follow_answer(answer: list, context: list, given: int, budget: int):
+    """A prompt served before drafts the answer it got then while its output
+    follows it.  ``answer``: the prompt's last token, then the answer's first
+    ``ANSWER_KEEP`` tokens.  The next ``budget`` tokens after the longest
+    start of the answer, ``given`` (the output held) to ``given + 16`` tokens
+    long (a context may end in committed tokens not given yet), that the
+    context ends in, behind the prompt's last token.  None: the output has
+    parted from the answer or passed it (it is then forgotten)."""
+    n = len(answer) - 1
+    if given >= n:
+        return None
+    if not context:
+        return []
+    for k in range(min(given + 16, n - 1, len(context) - 1), given - 1, -1):
+        if context[-k - 1:] == list(answer[:k + 1]):
+            return list(answer[k + 1: k + 1 + budget])
+    return None

@@ -55,6 +55,7 @@ RANDOM_CONFIG = st.fixed_dictionaries({
     "share_prompt_tail": st.sampled_from([0, 1, 3, 8, 10]),
     "share_tail_margin": st.sampled_from([0, 1, 3, 16]),
     "flush_tokens": st.sampled_from([1, 3, 8, 128]),
+    "remember_answers": st.sampled_from([0, 1, 2, 8192]),
     "background": st.booleans(),
 })
 
@@ -78,6 +79,7 @@ def run_against_reference(data, config_kwargs: dict, max_ops: int = 40) -> int:
     live: dict = {}  # rid -> stream (prompt + outputs)
     scope_of: dict = {}  # rid -> its scope's name ("private": it shares nothing)
     histories: dict = {}  # scope -> every stream ever fed in it
+    prompts: list = []  # every prompt drawn, to serve again
     next_rid = 0
     nonempty = 0
     with open_cache(cfg, tuning) as cache:
@@ -87,8 +89,12 @@ def run_against_reference(data, config_kwargs: dict, max_ops: int = 40) -> int:
             if action == "prompt":
                 rid = next_rid if next_rid % 2 else f"req-{next_rid}"
                 next_rid += 1
-                size = data.draw(st.sampled_from([0, 3, 10, 25, 40]))
-                prompt = data.draw(st.lists(tok, min_size=size, max_size=max(size, 40)), label="prompt")
+                if prompts and data.draw(st.booleans(), label="asked again"):
+                    prompt = data.draw(st.sampled_from(prompts))  # served before: its answer is remembered
+                else:
+                    size = data.draw(st.sampled_from([0, 3, 10, 25, 40]))
+                    prompt = data.draw(st.lists(tok, min_size=size, max_size=max(size, 40)), label="prompt")
+                    prompts.append(prompt)
                 name = data.draw(st.sampled_from(["default", "default", "a", "b", "private"]), label="scope")
                 scope, share = (None if name in ("default", "private") else name), name != "private"
                 cache.put_prompt(rid, as_input(prompt, data.draw(kinds)), scope=scope, share=share)

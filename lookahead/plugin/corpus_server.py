@@ -32,6 +32,12 @@ In the scheduler (``install_scheduler_side``, from the worker's constructor):
 
 A removal while the corpus loads stops the load: the add then answers
 ``success: false`` ("removed while it loaded"), the removal ``success: true``.
+
+Under tensor parallelism every rank must draft the same trees.  Each rank
+loads the corpus on its own thread, and the loads end at different times; so
+the corpus is published to drafts only when the load is committed, and the
+manager commits it at the first poll where every rank's load has ended (an
+``all_reduce`` over the TP CPU group, while a load is pending).
 """
 
 from __future__ import annotations
@@ -226,48 +232,88 @@ def install_tokenizer_side() -> None:
 # -- the scheduler -----------------------------------------------------------------------
 
 
+_manager_class = None
+
+
+def manager_class():
+    """SGLang's ``ExternalCorpusManager`` for LOOKAHEAD (made once): the
+    worker's add also gets the scope, the list's message describes each
+    corpus, and under tensor parallelism (``tp_group``) a load is committed
+    on every rank at the same poll."""
+    global _manager_class
+    if _manager_class is not None:
+        return _manager_class
+    from sglang.srt.speculative.external_corpus_manager import ExternalCorpusManager
+
+    class LookaheadCorpusManager(ExternalCorpusManager):
+        def __init__(self, draft_worker, send_response, tp_group=None):
+            super().__init__(draft_worker, send_response)
+            self._tp_group = tp_group
+
+        def add(self, recv_req):
+            from sglang.srt.managers.io_struct import AddExternalCorpusReqOutput
+
+            if self._pending_load is not None:
+                return AddExternalCorpusReqOutput(success=False,
+                                                  message="Another corpus load is already in progress.")
+
+            def build():
+                try:
+                    loaded = self._worker.add_external_corpus(
+                        recv_req.corpus_id, recv_req.token_chunks, getattr(recv_req, "scope", None))
+                    self._load_result = AddExternalCorpusReqOutput(
+                        success=True, corpus_id=recv_req.corpus_id,
+                        message=f"Loaded corpus '{recv_req.corpus_id}' with {loaded} tokens.",
+                        loaded_token_count=loaded)
+                except Exception as exc:
+                    self._load_result = AddExternalCorpusReqOutput(success=False, message=str(exc))
+
+            thread = threading.Thread(target=build, name="lookahead-corpus-add", daemon=True)
+            self._pending_load = (recv_req, thread)
+            thread.start()
+            return None
+
+        def check_pending_load(self):
+            # Under tensor parallelism the load is committed (and the corpus
+            # published to drafts, see the worker) at the first poll where
+            # every rank's load has ended: every rank polls at the same point
+            # of the same loop iteration, and the add reached them all in the
+            # same iteration.
+            if self._pending_load is not None and self._tp_group is not None:
+                if not all_done(self._tp_group, not self._pending_load[1].is_alive()):
+                    return
+            super().check_pending_load()
+
+        def list(self, recv_req):
+            # NGRAM's body; the message also gives each corpus's bytes, scope and state.
+            out = super().list(recv_req)
+            if out.success:
+                out.message = self._worker.describe_external_corpora()
+            return out
+
+    _manager_class = LookaheadCorpusManager
+    return _manager_class
+
+
 def _manager(scheduler):
     """The scheduler's corpus manager, made for LOOKAHEAD on first use."""
     if scheduler.external_corpus_manager is None and getattr(scheduler.spec_algorithm, "name", None) == \
             ALGORITHM_NAME and scheduler.draft_worker is not None:
-        from sglang.srt.speculative.external_corpus_manager import ExternalCorpusManager
-
-        class LookaheadCorpusManager(ExternalCorpusManager):
-            """SGLang's manager, but the worker's add also gets the scope."""
-
-            def add(self, recv_req):
-                from sglang.srt.managers.io_struct import AddExternalCorpusReqOutput
-
-                if self._pending_load is not None:
-                    return AddExternalCorpusReqOutput(success=False,
-                                                      message="Another corpus load is already in progress.")
-
-                def build():
-                    try:
-                        loaded = self._worker.add_external_corpus(
-                            recv_req.corpus_id, recv_req.token_chunks, getattr(recv_req, "scope", None))
-                        self._load_result = AddExternalCorpusReqOutput(
-                            success=True, corpus_id=recv_req.corpus_id,
-                            message=f"Loaded corpus '{recv_req.corpus_id}' with {loaded} tokens.",
-                            loaded_token_count=loaded)
-                    except Exception as exc:
-                        self._load_result = AddExternalCorpusReqOutput(success=False, message=str(exc))
-
-                thread = threading.Thread(target=build, name="lookahead-corpus-add", daemon=True)
-                self._pending_load = (recv_req, thread)
-                thread.start()
-                return None
-
-            def list(self, recv_req):
-                # NGRAM's body; the message also gives each corpus's bytes, scope and state.
-                out = super().list(recv_req)
-                if out.success:
-                    out.message = self._worker.describe_external_corpora()
-                return out
-
-        scheduler.external_corpus_manager = LookaheadCorpusManager(
-            scheduler.draft_worker, scheduler.ipc_channels.send_to_tokenizer.send_output)
+        tp_group = scheduler.tp_cpu_group if getattr(scheduler, "tp_size", 1) > 1 else None
+        scheduler.external_corpus_manager = manager_class()(
+            scheduler.draft_worker, scheduler.ipc_channels.send_to_tokenizer.send_output, tp_group)
     return scheduler.external_corpus_manager
+
+
+def all_done(group, done: bool) -> bool:
+    """Whether ``done`` holds on every rank of ``group`` (a collective: every
+    rank must call it at the same point)."""
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([1 if done else 0], dtype=torch.int32)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    return bool(flag.item())
 
 
 def _scheduler_add(original, self, recv_req):

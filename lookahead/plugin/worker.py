@@ -512,12 +512,19 @@ class LookaheadWorker(NGRAMWorker):
             self._dirty = True
 
     def add_external_corpus(self, corpus_id: str, token_chunks, scope=None) -> int:
-        loaded = self.cache.add_corpus(corpus_id, token_chunks, scope)
+        # Under tensor parallelism every rank must draft the same trees, and
+        # the ranks' loads end at different times: the corpus is read from
+        # commit_corpus_load, which every rank calls at the same step (the
+        # corpus manager waits for all of them, see lookahead.plugin.corpus_server).
+        loaded = self.cache.add_corpus(corpus_id, token_chunks, scope, publish=self.tp_size == 1)
         self._dirty = True
         return loaded
 
     def commit_corpus_load(self, corpus_id: str, loaded_token_count: int) -> None:
-        # Drafts read a corpus from the start of its load; a completed one is saved.
+        # Alone, drafts read a corpus from the start of its load; under tensor
+        # parallelism from here. A completed one is saved.
+        if self.tp_size > 1:
+            self.cache.publish_corpus(corpus_id)
         self.save_trie()
 
     def remove_external_corpus(self, corpus_id: str) -> None:
@@ -531,6 +538,7 @@ class LookaheadWorker(NGRAMWorker):
     def describe_external_corpora(self) -> str:
         return "; ".join(f"{cid}: {i['tokens']:,} tokens, {i['bytes']:,} bytes, "
                          f"{'public' if i['scope'] is None else 'scope ' + i['scope']}, {i['state']}"
+                         f"{'' if i['published'] else ' (drafted from once every rank has it)'}"
                          for cid, i in self.cache.corpora().items())
 
     # -- request lifecycle and persistence ---------------------------------------------

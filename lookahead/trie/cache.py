@@ -274,7 +274,7 @@ class LookaheadCache:
     # -- external corpora ------------------------------------------------------
 
     def add_corpus(self, corpus_id: str, token_chunks: Any, scope: Optional[str] = None, *,
-                   background: bool = False, on_done=None):
+                   background: bool = False, on_done=None, publish: bool = True):
         """Add an external corpus (``lookahead.trie.corpora``): requests draft
         from it as from their scope's history, and traffic never evicts it.
 
@@ -289,10 +289,18 @@ class LookaheadCache:
         (a ``ValueError``) for an id that exists (remove it first), ids
         outside the vocabulary, or a corpus beyond ``corpus_memory_bytes``
         (nothing is truncated); a removal during the load makes it raise
-        ``CorpusRemoved``.  An empty corpus is added, with 0 tokens."""
+        ``CorpusRemoved``.  An empty corpus is added, with 0 tokens.
+        ``publish=False``: drafts do not read it until :meth:`publish_corpus`
+        (tensor parallelism: every rank publishes it at the same step, once
+        every rank has loaded it, so that all draft the same trees)."""
         if scope is not None:
             scope = check_scope(scope)
-        return self._corpora.add(corpus_id, token_chunks, scope, background=background, on_done=on_done)
+        return self._corpora.add(corpus_id, token_chunks, scope, background=background, on_done=on_done,
+                                 publish=publish)
+
+    def publish_corpus(self, corpus_id: str) -> None:
+        """Let drafts read a corpus added with ``publish=False``."""
+        self._corpora.publish(corpus_id)
 
     def remove_corpus(self, corpus_id: str) -> None:
         """Remove a corpus, loaded or loading (the load stops); drafts stop

@@ -112,11 +112,12 @@ class Corpus:
     stores: tuple = ()
     loaded: int = 0  # tokens appended (and indexed) so far
     state: str = "loading"  # "loading", "ready", "removed"
+    published: bool = True  # drafts read it (False: added with publish=False, until CorpusSet.publish)
     cancel: threading.Event = field(default_factory=threading.Event)
 
     def info(self) -> dict:
         return {"tokens": self.tokens, "bytes": self.nbytes, "scope": self.scope,
-                "state": self.state, "loaded": self.loaded}
+                "state": self.state, "loaded": self.loaded, "published": self.published}
 
 
 def as_stream(token_chunks: Any, max_id: int) -> np.ndarray:
@@ -210,7 +211,7 @@ class CorpusSet:
     def _publish(self) -> None:
         # Must hold self._lock.  Public corpora first (sorted by id), then scoped.
         items = sorted(((c.scope is not None, c.corpus_id), c) for c in self._corpora.values()
-                       if c.state != "removed" and c.stores)
+                       if c.state != "removed" and c.stores and c.published)
         self.view = {c.corpus_id: (c.scope, c.stores) for _, c in items}
         self.generation += 1
 
@@ -222,7 +223,7 @@ class CorpusSet:
             return sum(c.nbytes for c in self._corpora.values())
 
     def add(self, corpus_id: str, token_chunks: Any, scope: Optional[str] = None, *,
-            background: bool = False, on_done: Optional[Callable] = None):
+            background: bool = False, on_done: Optional[Callable] = None, publish: bool = True):
         """Add a corpus; see ``LookaheadCache.add_corpus``.  Returns the
         tokens loaded, or with ``background`` a ``Future`` of them (the
         checks, the budget and the allocation happen before it returns)."""
@@ -253,7 +254,8 @@ class CorpusSet:
                 stores = tuple(TokenStore(cap, True, self.orders) for cap in sizes)
             except MemoryError as exc:
                 raise CorpusError(f"corpus {corpus_id!r}: {exc}") from None
-            corpus = self._corpora[corpus_id] = Corpus(corpus_id, scope, int(len(stream)), nbytes, stores)
+            corpus = self._corpora[corpus_id] = Corpus(corpus_id, scope, int(len(stream)), nbytes, stores,
+                                                       published=publish)
             if not stores:
                 corpus.state = "ready"
             self._publish()
@@ -295,6 +297,16 @@ class CorpusSet:
                                     f"(after {corpus.loaded:,} of {corpus.tokens:,} tokens)")
             corpus.state = "ready"
         return corpus.tokens
+
+    def publish(self, corpus_id: str) -> None:
+        """Let drafts read a corpus added with ``publish=False``."""
+        with self._lock:
+            corpus = self._corpora.get(corpus_id) if type(corpus_id) is str else None
+            if corpus is None:
+                raise CorpusError(f"corpus {corpus_id!r} not found")
+            if not corpus.published:
+                corpus.published = True
+                self._publish()
 
     def remove(self, corpus_id: str) -> Corpus:
         """Remove a corpus (ready or loading: a load stops at its next

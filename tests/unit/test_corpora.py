@@ -43,6 +43,20 @@ def test_a_corpus_drafts_its_continuation():
         assert cache.corpora() == {}
 
 
+def test_an_unpublished_corpus_is_drafted_from_once_published():
+    # Tensor parallelism adds corpora with publish=False: loaded, listed, but
+    # read by drafts only from publish_corpus on (every rank at the same step).
+    with open_cache(background=False) as cache:
+        assert cache.add_corpus("manual", [ANSWER], publish=False) == len(ANSWER)
+        assert cache.corpora()["manual"]["state"] == "ready" and not cache.corpora()["manual"]["published"]
+        cache.put_prompt("r", _prompt_then(10))
+        assert cache.draft("r", _prompt_then(10), 7).tokens == []
+        cache.publish_corpus("manual")
+        assert cache.draft("r", _prompt_then(10), 7).tokens == ANSWER[10:17]
+        with pytest.raises(CorpusError, match="not found"):
+            cache.publish_corpus("other")
+
+
 def test_a_corpus_competes_with_the_history_on_the_same_footing():
     # The same context in the history and in a corpus, with different
     # continuations: the tree holds both; a corpus that does not match costs nothing.
@@ -152,7 +166,8 @@ def test_an_empty_corpus_is_added_with_no_tokens():
     with open_cache(background=False) as cache:
         assert cache.add_corpus("empty", []) == 0
         assert cache.add_corpus("empty2", [[], [SGLANG_SEPARATOR]]) == 0
-        assert cache.corpora()["empty"] == {"tokens": 0, "bytes": 0, "scope": None, "state": "ready", "loaded": 0}
+        assert cache.corpora()["empty"] == {"tokens": 0, "bytes": 0, "scope": None, "state": "ready", "loaded": 0,
+                                            "published": True}
         cache.put_prompt("r", QUESTION)
         assert cache.draft("r", QUESTION, 4).tokens == []
         cache.remove_corpus("empty")

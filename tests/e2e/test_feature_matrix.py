@@ -38,15 +38,20 @@ def _start(model, args, env, log, **kwargs) -> SGLangServer:
     return srv
 
 
-@pytest.fixture(scope="module")
-def plain(tiny_model, cpu_subprocess_env, tmp_path_factory):
-    log = tmp_path_factory.mktemp("matrix") / "plain.log"
-    srv = _start(tiny_model, cpu_server_args(**BASE, disable_overlap_schedule=True), cpu_subprocess_env, log)
+def plain_reference(model, base: dict, env, log) -> dict:
+    """The matrix served once by plain decoding, without overlap (see above):
+    its cases and their answers, what every configuration is compared with."""
+    srv = _start(model, cpu_server_args(**base, disable_overlap_schedule=True), env, log)
     try:
-        cases, results = fm.reference(srv.url, tiny_model)
+        cases, results = fm.reference(srv.url, model)
     finally:
         srv.stop()
     return {"cases": cases, "results": results}
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_model, cpu_subprocess_env, tmp_path_factory):
+    return plain_reference(tiny_model, BASE, cpu_subprocess_env, tmp_path_factory.mktemp("matrix") / "plain.log")
 
 
 @pytest.fixture(scope="module", params=list(CONFIGS))

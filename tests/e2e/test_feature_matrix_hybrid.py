@@ -23,7 +23,7 @@ import pytest
 
 from lookahead.validate import feature_matrix as fm
 from cpu_env import cpu_server_args, default_cache_dir
-from lookahead.validate.server import SGLangServer
+from test_feature_matrix import _start, plain_reference
 
 BASE = dict(max_running_requests=16, max_total_tokens=24576, chunked_prefill_size=256,
             enable_custom_logit_processor=True,
@@ -47,22 +47,10 @@ def fixture_models():
     return build_fixtures(default_cache_dir() / "eagle")
 
 
-def _start(model, args, env, log) -> SGLangServer:
-    srv = SGLangServer(model, args, env, log)
-    srv.start(timeout=600)
-    return srv
-
-
 @pytest.fixture(scope="module")
 def plain(fixture_models, cpu_subprocess_env, tmp_path_factory):
-    log = tmp_path_factory.mktemp("matrix_hybrid") / "plain.log"
-    srv = _start(fixture_models["target"], cpu_server_args(**BASE, disable_overlap_schedule=True),
-                 cpu_subprocess_env, log)
-    try:
-        cases, results = fm.reference(srv.url, fixture_models["target"])
-    finally:
-        srv.stop()
-    return {"cases": cases, "results": results}
+    return plain_reference(fixture_models["target"], BASE, cpu_subprocess_env,
+                           tmp_path_factory.mktemp("matrix_hybrid") / "plain.log")
 
 
 @pytest.fixture(scope="module", params=list(CONFIGS))

@@ -14,7 +14,7 @@ import pytest
 
 from cpu_env import cpu_server_args
 from lookahead.validate import feature_matrix as fm
-from test_feature_matrix import _start
+from test_feature_matrix import _start, plain_reference
 
 BASE = dict(max_running_requests=16, max_total_tokens=24576, chunked_prefill_size=256,
             enable_custom_logit_processor=True, dtype="float32")
@@ -22,13 +22,7 @@ BASE = dict(max_running_requests=16, max_total_tokens=24576, chunked_prefill_siz
 
 @pytest.fixture(scope="module")
 def plain(real_model, cpu_subprocess_env, tmp_path_factory):
-    log = tmp_path_factory.mktemp("matrix_real") / "plain.log"
-    srv = _start(real_model, cpu_server_args(**BASE, disable_overlap_schedule=True), cpu_subprocess_env, log)
-    try:
-        cases, results = fm.reference(srv.url, real_model)
-    finally:
-        srv.stop()
-    return {"cases": cases, "results": results}
+    return plain_reference(real_model, BASE, cpu_subprocess_env, tmp_path_factory.mktemp("matrix_real") / "plain.log")
 
 
 @pytest.fixture(scope="module")

@@ -137,7 +137,20 @@ def combine(parts: list[dict]) -> dict:
         "outputs": [o for p in parts for o in p["outputs"]]}
 
 
-def report(results: dict, corpus_info: str, ngrams: list[str]) -> dict:
+def bound_steps(tokenizer, reqs: dict, results: dict, documents: list[str], width: int) -> dict:
+    """{phase: model steps} at the hindsight bound of copying drafters
+    (``copy_bound``) on plain decoding's outputs, with the sources a
+    request of its own user may draft from: the corpus, its prompt and its
+    output so far."""
+    from copy_bound import copy_bound_steps
+
+    docs = [tokenizer.encode(d, add_special_tokens=False) for d in documents]
+    return {phase: sum(copy_bound_steps(docs, tokenizer.encode(p, add_special_tokens=False), out, width)
+                       for p, out in zip(prompts, results["plain"][phase]["outputs"]))
+            for phase, prompts in reqs.items()}
+
+
+def report(results: dict, corpus_info: str, ngrams: list[str], bound: dict | None = None) -> dict:
     rows = {"help desk": ("help desk: originals", "help desk: paraphrases"),
             "  originals": ("help desk: originals",), "  paraphrases": ("help desk: paraphrases",),
             "repository": ("repository",)}
@@ -155,8 +168,9 @@ def report(results: dict, corpus_info: str, ngrams: list[str]) -> dict:
             print(f"| {row} | {name} | {f['tokens']} | {f['steps']} | {al:.2f} | {rate:.1f} | "
                   f"{rate / (plain['tokens'] / plain['seconds']):.2f}x | {'yes' if same else 'no'} |")
     print("\nLOOKAHEAD / NGRAM, NGRAM's better run (higher AL, higher tokens/s) on each workload:\n")
-    print("| workload | AL LOOKAHEAD / NGRAM | tokens/s LOOKAHEAD / NGRAM | bar: AL >= 1.2x, tokens/s >= 1.1x |")
-    print("|---|---|---|---|")
+    print("| workload | AL LOOKAHEAD / NGRAM | tokens/s LOOKAHEAD / NGRAM | bar: AL >= 1.2x, tokens/s >= 1.1x "
+          "| copy bound: AL, / NGRAM |")
+    print("|---|---|---|---|---|")
     summary = {}
     for row in rows:
         la = figures[(row, "LOOKAHEAD")]
@@ -165,10 +179,20 @@ def report(results: dict, corpus_info: str, ngrams: list[str]) -> dict:
         al_ratio, rate_ratio = la[0] / al_ng, la[1] / rate_ng
         summary[row.strip()] = {"al": la[0], "al_ngram": al_ng, "al_ratio": al_ratio, "rate": la[1],
                                 "rate_ngram": rate_ng, "rate_ratio": rate_ratio}
+        limit = ""
+        if bound:
+            plain = combine([results["plain"][p] for p in rows[row]])
+            al_bound = plain["tokens"] / sum(bound[p] for p in rows[row])
+            summary[row.strip()] |= {"al_bound": al_bound, "bound_ratio": al_bound / al_ng}
+            limit = f"{al_bound:.2f}, {al_bound / al_ng:.2f}x"
         bar = "" if row.startswith(" ") else (f"AL {'PASS' if al_ratio >= 1.2 else 'MISS'}, "
                                               f"tokens/s {'PASS' if rate_ratio >= 1.1 else 'MISS'}")
         print(f"| {row} | {al_ratio:.2f}x ({la[0]:.2f} / {al_ng:.2f}, {al_by}) | {rate_ratio:.2f}x "
-              f"({la[1]:.1f} / {rate_ng:.1f}, {rate_by}) | {bar} |")
+              f"({la[1]:.1f} / {rate_ng:.1f}, {rate_by}) | {bar} | {limit} |")
+    if bound:
+        print("\ncopy bound: the AL of a drafter that, knowing the output, copies at each step the best "
+              "continuation of any occurrence of the context's last token in the corpus, the prompt or the "
+              "output so far (benchmarks/copy_bound.py), on plain decoding's outputs")
     return summary
 
 
@@ -182,7 +206,11 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     ap.add_argument("--workdir", default=None, help="where the corpus file goes (default .cache/bench_corpus)")
     ap.add_argument("--json", default=None, help="write the figures here")
+    ap.add_argument("--report", default=None, metavar="JSON",
+                    help="serve nothing: print the tables of a run saved with --json (and its copy bound)")
     args = ap.parse_args(argv)
+    if args.report:
+        return reprint(args.report, args.num_draft_tokens)
 
     from cpu_env import apply_cpu_env, cpu_engine_kwargs, default_cache_dir
 
@@ -236,15 +264,35 @@ def main(argv=None) -> int:
         print(f" {time.time() - t0:.0f} s", flush=True)
     info = (f"corpus {corpus}: {len(answers)} recorded answers and {len(sources)} source files of {PACKAGE}/, "
             f"{corpus_tokens:,} tokens; NGRAM (SAM n): --speculative-ngram-external-sam-budget n")
-    summary = report(results, info, ngrams)
+    bound = bound_steps(tokenizer, reqs, results, answers + list(sources.values()), args.num_draft_tokens)
+    summary = report(results, info, ngrams, bound)
     identical = all(r[p]["outputs"] == results["plain"][p]["outputs"] for r in results.values() for p in reqs)
     print(f"\noutputs identical to plain decoding: {identical}"
           + ("" if identical or args.dtype == "float32" else
              " (bfloat16: verify and decode forwards round differently at near ties)"))
     if args.json:
         Path(args.json).write_text(json.dumps({
-            "model": model, "dtype": args.dtype, "summary": summary, "identical": identical,
-            "requests": reqs, "runs": results}))
+            "model": model, "dtype": args.dtype, "width": args.num_draft_tokens, "summary": summary,
+            "identical": identical, "requests": reqs, "runs": results}))
+    return 0
+
+
+def reprint(path: str, width: int) -> int:
+    """The tables of a saved run, with the copy bound computed anew (the
+    corpus is rebuilt as the run built it: plain's recorded answers, then
+    the package's sources)."""
+    from transformers import AutoTokenizer
+
+    from real_model import real_model_path
+
+    saved = json.loads(Path(path).read_text())
+    results, reqs = saved["runs"], saved["requests"]
+    width = saved.get("width", width)
+    tokenizer = AutoTokenizer.from_pretrained(real_model_path())
+    documents = results["plain"]["help desk: originals"]["texts"] + list(package_sources().values())
+    ngrams = [name for name in results if name.startswith("NGRAM")]
+    report(results, f"{path}: {saved['model']} ({saved['dtype']}), verify width {width}", ngrams,
+           bound_steps(tokenizer, reqs, results, documents, width))
     return 0
 
 

@@ -8,6 +8,10 @@ compares the drafting itself. The phases are replayed in the order served
 (``edit``, ``qa``, ``chat``, ``turn2``, then the batch-4 phase one request at
 a time: interleaving it moved AL by under 1 % in our runs), each drafter
 keeping what the earlier phases taught it. AL = response tokens / steps.
+Each cell ends in the phase's copy bound (``copy_bound``): the AL of a
+drafter that, knowing the answer, copies at each step the best continuation
+of the context's last token from anything served before, the prompt or the
+answer so far; how close a drafter is to it says how much drafting has left.
 
     python benchmarks/replay_workloads.py docs/bench_workloads_cpu.json [--budget 7]
 """
@@ -22,7 +26,9 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "cpu"), str(REPO / "tools")]
+sys.path[:0] = [str(REPO), str(REPO / "cpu"), str(REPO / "tools"), str(REPO / "benchmarks")]
+
+from copy_bound import copy_bound_steps  # noqa: E402
 
 from lookahead.replay import make_drafter, replay  # noqa: E402
 
@@ -38,12 +44,14 @@ def main(argv=None) -> int:
     run = json.loads(Path(args.json).read_text())
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or run["model"])
     phases = list(next(iter(run["runs"].values())))
-    print(f"{args.json}: budget {args.budget}; AL of LOOKAHEAD / NGRAM per phase, on each decoding's texts")
+    print(f"{args.json}: budget {args.budget}; AL of LOOKAHEAD / NGRAM per phase, on each decoding's texts, "
+          "and the copy bound")
     print("| texts of | " + " | ".join(phases) + " |")
     print("|---" * (len(phases) + 1) + "|")
     for name, decoding in run["runs"].items():
         cells = []
         drafters = {d: make_drafter(d, args.budget) for d in ("lookahead", "ngram")}
+        served = []  # every prompt and answer so far: what the bound may copy from
         for phase in phases:
             fig = decoding[phase]
             if "prompts" not in fig:
@@ -51,7 +59,13 @@ def main(argv=None) -> int:
             pairs = [(np.asarray(tokenizer.encode(p), dtype=np.int32), np.asarray(o, dtype=np.int32))
                      for p, o in zip(fig["prompts"], fig["outputs"])]
             al = {d: (r := replay(dr, pairs, args.budget)).response_tokens / r.steps for d, dr in drafters.items()}
-            cells.append(f"{al['lookahead']:.2f} / {al['ngram']:.2f} ({al['lookahead'] / al['ngram']:.2f}x)")
+            bound_steps = 0
+            for prompt, out in pairs:
+                bound_steps += copy_bound_steps(served, prompt, out, args.budget + 1)
+                served += [prompt, out]
+            bound = sum(len(out) for _, out in pairs) / bound_steps
+            cells.append(f"{al['lookahead']:.2f} / {al['ngram']:.2f} ({al['lookahead'] / al['ngram']:.2f}x) "
+                         f"<= {bound:.2f}")
         print(f"| {name} | " + " | ".join(cells) + " |")
     return 0
 

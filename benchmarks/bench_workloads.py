@@ -4,7 +4,11 @@ Each decoding serves, in one ``sgl.Engine`` and in this order:
 
 1. batch 1: ``edit``, ``qa``, ``chat`` and ``turn2`` requests
    (``real_workloads``), where ``turn2`` follows up on the ``chat``
-   conversations with the engine's own first answers;
+   conversations with the first decoding's answers (plain decoding's, by
+   default): every decoding serves the same second turns.  In bfloat16 each
+   decoding's first answers part from the others' at near ties; with its own
+   in the history, each would serve second turns of its own, and the
+   comparison would mostly measure how much those happen to repeat;
 2. batch 4: the ``edit`` and ``qa`` requests again, four at once (requests
    answered before: retries, "regenerate").
 
@@ -73,8 +77,10 @@ def requests(tokenizer, n: int, seed: int) -> dict:
 
 
 def serve(model: str, engine_kwargs: dict, sampling: dict, convs: dict, tokenizer, log: Path,
-          again_batch: int = 4, batch: int = 1) -> dict:
-    """One engine through the phases; {phase name: figures}."""
+          again_batch: int = 4, batch: int = 1, first_answers: list | None = None) -> dict:
+    """One engine through the phases; {phase name: figures}.  ``turn2``
+    follows up on ``first_answers`` (the ``chat`` answers of the decoding
+    served first), or on this engine's own."""
     import sglang as sgl
 
     render = lambda conv: real_workloads.render(tokenizer, conv)  # noqa: E731
@@ -87,7 +93,8 @@ def serve(model: str, engine_kwargs: dict, sampling: dict, convs: dict, tokenize
         out = {}
         for kind in ("edit", "qa", "chat"):
             out[kind] = measure(engine, [render(c) for c in convs[kind]], sampling, batch)
-        second = [real_workloads.follow_up(c, a) for c, a in zip(convs["chat"], out["chat"]["texts"])]
+        answers = first_answers if first_answers is not None else out["chat"]["texts"]
+        second = [real_workloads.follow_up(c, a) for c, a in zip(convs["chat"], answers)]
         out["turn2"] = measure(engine, [render(c) for c in second], sampling, batch)
         if again_batch:
             again = [render(c) for kind in AGAIN for c in convs[kind]]
@@ -181,7 +188,9 @@ def run(args, log_name: str = "bench_workloads") -> dict:
     for name in wanted:
         t0 = time.time()
         print(f"  {name}...", end="", flush=True)
-        results[name] = serve(model, configs[name], sampling, convs, tokenizer, log, args.again_batch, args.batch)
+        first = results[wanted[0]]["chat"]["texts"] if results else None
+        results[name] = serve(model, configs[name], sampling, convs, tokenizer, log, args.again_batch, args.batch,
+                              first)
         print(f" {time.time() - t0:.0f} s", flush=True)
     phases = list(next(iter(results.values())).keys())
     summary = report(results, phases, "LOOKAHEAD") if {"plain", "NGRAM", "LOOKAHEAD"} <= set(results) else {}

@@ -137,15 +137,20 @@ def combine(parts: list[dict]) -> dict:
         "outputs": [o for p in parts for o in p["outputs"]]}
 
 
-def bound_steps(tokenizer, reqs: dict, results: dict, documents: list[str], width: int) -> dict:
+def corpus_documents(plain_run: dict, sources: dict) -> list[str]:
+    """The corpus, one document per line of its file: plain decoding's
+    recorded help-desk answers, then the package's source files."""
+    return plain_run["help desk: originals"]["texts"] + list(sources.values())
+
+
+def bound_steps(tokenizer, reqs: dict, results: dict, docs: list[list[int]], width: int) -> dict:
     """{decoding: {phase: model steps}} at the hindsight bound of copying
     drafters (``copy_bound``) on each speculative decoding's own outputs
     (in bfloat16 they part from plain decoding's), with the sources a
     request of its own user may draft from: the corpus, its prompt and its
-    output so far."""
+    output so far (``docs``: the corpus documents' tokens)."""
     from copy_bound import copy_bound_steps
 
-    docs = [tokenizer.encode(d, add_special_tokens=False) for d in documents]
     prompts = {phase: [tokenizer.encode(p, add_special_tokens=False) for p in ps] for phase, ps in reqs.items()}
     return {name: {phase: sum(copy_bound_steps(docs, p, out, width)
                               for p, out in zip(prompts[phase], run[phase]["outputs"]))
@@ -249,13 +254,11 @@ def main(argv=None) -> int:
     print("  plain (records the help-desk answers)...", end="", flush=True)
     results["plain"] = serve(model, base, sampling, reqs, log)
     print(f" {time.time() - t0:.0f} s", flush=True)
-    answers = results["plain"]["help desk: originals"]["texts"]
+    documents = corpus_documents(results["plain"], sources)
     with open(corpus, "w") as f:
-        for text in answers:
+        for text in documents:
             f.write(json.dumps(text) + "\n")
-        for name, text in sources.items():
-            f.write(json.dumps(text) + "\n")
-    corpus_tokens = sum(len(tokenizer.encode(t, add_special_tokens=False)) for t in answers + list(sources.values()))
+    docs = [tokenizer.encode(t, add_special_tokens=False) for t in documents]
     sams = sorted({min(s, args.num_draft_tokens - 1) for s in (4, args.num_draft_tokens - 1)})
     ngrams = [f"NGRAM (SAM {s})" for s in sams]
     configs = {name: {**base, **spec, "speculative_algorithm": "NGRAM",
@@ -268,9 +271,9 @@ def main(argv=None) -> int:
         print(f"  {name}...", end="", flush=True)
         results[name] = serve(model, kwargs, sampling, reqs, log)
         print(f" {time.time() - t0:.0f} s", flush=True)
-    info = (f"corpus {corpus}: {len(answers)} recorded answers and {len(sources)} source files of {PACKAGE}/, "
-            f"{corpus_tokens:,} tokens; NGRAM (SAM n): --speculative-ngram-external-sam-budget n")
-    bound = bound_steps(tokenizer, reqs, results, answers + list(sources.values()), args.num_draft_tokens)
+    info = (f"corpus {corpus}: {len(documents) - len(sources)} recorded answers and {len(sources)} source files "
+            f"of {PACKAGE}/, {sum(map(len, docs)):,} tokens; NGRAM (SAM n): --speculative-ngram-external-sam-budget n")
+    bound = bound_steps(tokenizer, reqs, results, docs, args.num_draft_tokens)
     summary = report(results, info, ngrams, bound)
     identical = all(r[p]["outputs"] == results["plain"][p]["outputs"] for r in results.values() for p in reqs)
     print(f"\noutputs identical to plain decoding: {identical}"
@@ -285,8 +288,7 @@ def main(argv=None) -> int:
 
 def reprint(path: str, width: int) -> int:
     """The tables of a saved run, with the copy bound computed anew (the
-    corpus is rebuilt as the run built it: plain's recorded answers, then
-    the package's sources)."""
+    corpus rebuilt as the run built it, ``corpus_documents``)."""
     from transformers import AutoTokenizer
 
     from real_model import real_model_path
@@ -295,10 +297,11 @@ def reprint(path: str, width: int) -> int:
     results, reqs = saved["runs"], saved["requests"]
     width = saved.get("width", width)
     tokenizer = AutoTokenizer.from_pretrained(real_model_path())
-    documents = results["plain"]["help desk: originals"]["texts"] + list(package_sources().values())
+    documents = corpus_documents(results["plain"], package_sources())
+    docs = [tokenizer.encode(t, add_special_tokens=False) for t in documents]
     ngrams = [name for name in results if name.startswith("NGRAM")]
     report(results, f"{path}: {saved['model']} ({saved['dtype']}), verify width {width}", ngrams,
-           bound_steps(tokenizer, reqs, results, documents, width))
+           bound_steps(tokenizer, reqs, results, docs, width))
     return 0
 
 

@@ -23,6 +23,14 @@ from collections import defaultdict
 from typing import Sequence
 
 
+def _follows(src: list, j: int, want: list) -> int:
+    """How many tokens of ``want`` follow position ``j`` of ``src``."""
+    k = 0
+    while k < len(want) and j + 1 + k < len(src) and src[j + 1 + k] == want[k]:
+        k += 1
+    return k
+
+
 def copy_bound_steps(sources: Sequence[Sequence[int]], prompt: Sequence[int], output: Sequence[int],
                      width: int = 8) -> int:
     """Model steps to commit ``output`` when every step drafts the best
@@ -46,21 +54,14 @@ def copy_bound_steps(sources: Sequence[Sequence[int]], prompt: Sequence[int], ou
     while i < len(out):
         last, best = stream[-1] if stream else None, 0
         want = out[i: i + budget]
-
-        def run(src, j):  # how far src after position j follows the output from i
-            k = 0
-            while k < len(want) and j + 1 + k < len(src) and src[j + 1 + k] == want[k]:
-                k += 1
-            return k
-
         if last is not None:
             for si, j in where.get(last, ()):
-                best = max(best, run(fixed[si], j))
+                best = max(best, _follows(fixed[si], j, want))
                 if best == budget:
                     break
             if best < budget:
                 for j in own.get(last, ()):
-                    best = max(best, run(stream, j))
+                    best = max(best, _follows(stream, j, want))
         advance = min(best + 1, len(out) - i)
         for t in out[i: i + advance]:
             own[t].append(len(stream))

@@ -13,7 +13,6 @@ so that the stop falls in the middle of a run of drafted tokens.
 from __future__ import annotations
 
 import json
-import math
 import re
 import time
 import urllib.error
@@ -22,11 +21,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 GREEDY = {"temperature": 0.0, "max_new_tokens": 40}
-# Logprobs agree to float32 precision: 1e-4 absolute, or 2e-5 of the value for
-# logprobs far in the tail, where a verify's extend-shaped forward and a decode
-# step's reduction orders differ most (measurements: docs/history.md).
-LOGPROB_TOLERANCE = 1e-4
-LOGPROB_REL_TOLERANCE = 2e-5
+# Logprobs agree to float32 precision. A verify computes them in an
+# extend-shaped forward and a plain step in a decode-shaped one, so sums run
+# in another order: up to 1.2e-4 apart on the tiny model in CI. Any real fault
+# (a context token wrong, dropped or misplaced) moves them by over 1 nat there.
+# tests/unit/test_logprob_tolerance.py measures both; docs/history.md the CI runs.
+LOGPROB_TOLERANCE = 1e-3
 # The cases whose answers must equal plain decoding's.
 COMPARED = [
     "greedy", "regex", "json_schema", "ebnf", "openai_response_format",
@@ -350,7 +350,7 @@ def _health(url: str) -> bool:
 def differences(expected, got, where: str = "answer", tolerance: float = LOGPROB_TOLERANCE) -> list:
     """Where two answers differ; floats (logprobs) within ``tolerance``."""
     if isinstance(expected, float) or isinstance(got, float):
-        if expected is None or got is None or not math.isclose(expected, got, rel_tol=LOGPROB_REL_TOLERANCE, abs_tol=tolerance):
+        if expected is None or got is None or not abs(expected - got) <= tolerance:  # NaN differs
             return [f"{where}: {expected!r} != {got!r}"]
         return []
     if isinstance(expected, (list, tuple)):

@@ -30,7 +30,7 @@ import bench_workloads  # noqa: E402
 
 
 def main(argv=None) -> int:
-    args = bench_workloads.parse(argv, requests=2, max_new_tokens=128, dtype="float32")
+    args = bench_workloads.parse(argv, requests=2, max_new_tokens=96, dtype="float32")
     out = bench_workloads.run(args, log_name="demo")
     run = out["runs"]["plain"]
     prompt, answer = run["edit"]["prompts"][0], run["edit"]["texts"][0]

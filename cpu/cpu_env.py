@@ -102,6 +102,7 @@ def cpu_env(
     env.update(
         SGLANG_USE_CPU_ENGINE="1",
         LOOKAHEAD_CPU_FORCE_AMX="1",
+        LOOKAHEAD_CPU_SAMPLED_VERIFY="1",
         PYTHONPATH=_prepend_path(cpu_sgl_kernel_path(), env.get("PYTHONPATH")),
         SGLANG_JIT_CACHE_DIR=str(cache / "sglang_jit"),
         HF_HUB_OFFLINE="1",

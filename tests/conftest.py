@@ -95,3 +95,32 @@ def pytest_terminal_summary(terminalreporter):
     module = __import__("sys").modules.get("test_e2e_real_model")
     for text in getattr(module, "REPORT", []):
         terminalreporter.write_line(text)
+
+
+@pytest.fixture(scope="module")
+def sgl_kernel_shim():
+    """The shim as ``sgl_kernel``; afterwards the import is undone again.
+
+    Imported at test time, not collection time, and dropped from
+    ``sys.modules`` on teardown, so other test modules still see this process
+    as one without ``sgl_kernel`` (their subprocess set-up may depend on it).
+    The torch ops stay registered (harmless; re-imports reuse them).
+    """
+    import importlib
+
+    from cpu_env import cpu_sgl_kernel_path
+
+    preloaded = "sgl_kernel" in sys.modules
+    if not preloaded:
+        sys.path.insert(0, cpu_sgl_kernel_path())
+    try:
+        module = importlib.import_module("sgl_kernel")
+    finally:
+        if not preloaded:
+            sys.path.remove(cpu_sgl_kernel_path())
+    if not getattr(module, "IS_CPU_SHIM", False):
+        pytest.skip("a real sgl_kernel is imported in this process")
+    yield module
+    if not preloaded:
+        for name in [m for m in sys.modules if m == "sgl_kernel" or m.startswith("sgl_kernel.")]:
+            del sys.modules[name]

@@ -21,6 +21,17 @@ With ``LOOKAHEAD_CPU_TORCH_SPEC_GATHER=1`` as well, the same hook replaces
 CPU driver) with its pure-torch equivalent, before ``overlap_utils`` binds it.
 SGLang turns overlap off for EAGLE on CPU; the tests that lift that guard to
 exercise the overlap path of LOOKAHEAD + EAGLE set this variable.
+
+With ``LOOKAHEAD_CPU_SAMPLED_VERIFY=1`` (``cpu_env`` sets it), SGLang's own
+verify (``eagle_utils.eagle_sample``: NGRAM, EAGLE) samples on CPU as it does
+on CUDA. Stock SGLang 0.5.23 verifies every CPU batch greedily
+(``_verify_uses_greedy`` is true for ``is_cpu``, and its sampling kernels
+resolve to None there), so NGRAM samples a request's first token at prefill
+and decodes every later one by argmax, whatever the temperature: no fair
+anchor for sampled traffic. The hook lifts the CPU clause and binds the
+pure-torch stand-ins of ``tree_speculative_sampling_target_only`` and the
+top-k / top-p renormalisations (``sgl_kernel/sampling.py``, tested against
+the target distribution) where the CUDA kernels would be.
 """
 
 from __future__ import annotations
@@ -36,6 +47,10 @@ _TARGET = "sglang.srt.utils.common"
 _ENV = "LOOKAHEAD_CPU_FORCE_AMX"
 _GATHER_TARGET = "sglang.kernels.ops.speculative.gather_spec_extras"
 _GATHER_ENV = "LOOKAHEAD_CPU_TORCH_SPEC_GATHER"
+_SAMPLED_ENV = "LOOKAHEAD_CPU_SAMPLED_VERIFY"
+_VERIFY_SAMPLING = "sglang.kernels.ops.speculative.verify_sampling"
+_RENORM = "sglang.kernels.ops.sampling.renorm"
+_EAGLE_UTILS = "sglang.srt.speculative.eagle_utils"
 _MARKER = "lookahead_force_amx"
 
 
@@ -54,12 +69,36 @@ def _torch_gather(module) -> None:
     module.gather_spec_extras = _torch_gather_spec_extras
 
 
+def _sampling_kernel(module) -> None:
+    from sgl_kernel.sampling import tree_speculative_sampling_target_only
+
+    module.tree_speculative_sampling_target_only = tree_speculative_sampling_target_only
+
+
+def _renorm(module) -> None:
+    from sgl_kernel.sampling import top_k_renorm_prob, top_p_renorm_prob
+
+    module.top_k_renorm_prob, module.top_p_renorm_prob = top_k_renorm_prob, top_p_renorm_prob
+
+
+def _sampled_verify(module) -> None:
+    uses_greedy = module._verify_uses_greedy
+
+    def verify_uses_greedy(*, is_cpu, **kwargs):
+        # As on CUDA: argmax only for all-greedy batches.
+        return uses_greedy(is_cpu=False, **kwargs)
+
+    module._verify_uses_greedy = verify_uses_greedy
+
+
 def install() -> bool:
     """Install the hook in this process (idempotent). Returns False when
     ``_TARGET`` was already imported, i.e. too late to be consistent."""
     patches = {_TARGET: _force_amx}
     if os.environ.get(_GATHER_ENV) == "1":
         patches[_GATHER_TARGET] = _torch_gather
+    if os.environ.get(_SAMPLED_ENV) == "1":
+        patches.update({_VERIFY_SAMPLING: _sampling_kernel, _RENORM: _renorm, _EAGLE_UTILS: _sampled_verify})
     return import_patching.install(patches, _MARKER)
 
 

@@ -1,90 +1,121 @@
-"""Tree speculative sampling for CPU verification.
+"""Tree speculative sampling for CPU verification, by SGLang's own sampler.
 
 SGLang 0.5.23 verifies draft trees greedily on CPU whatever the request's
 sampling settings (``eagle_utils._verify_uses_greedy`` is true for CPU: its
 sampling-verify kernels exist only for CUDA).  A sampled request would then
-silently decode greedily.  This module is the missing CPU path: the same
-"target-only" tree rejection sampling as sgl_kernel's
-``tree_speculative_sampling_target_only``, in plain torch.
+silently decode greedily.  This module is LOOKAHEAD's CPU path.
 
-Drafts are deterministic proposals (a one-hot draft distribution), so at
-each node the children are tried in sibling order: child ``c`` is accepted
-with probability ``p(c)`` under the current residual ``p``; on rejection
-``p(c)`` is zeroed and ``p`` renormalised; if every child is rejected the
-bonus token is drawn from the residual.  That is sequential rejection
-sampling, so every emitted token is distributed exactly as the target's
-filtered distribution (temperature, top-k, top-p, min-p: the filters of
-SGLang's own sampler, ``top_k_top_p_min_p_sampling_from_probs_torch``).
+It samples the way plain decoding does and keeps the drafts that agree:
+from the root down, each request's current node gets one token drawn by
+SGLang's own sampler functions (``sglang.srt.layers.sampler``: temperature,
+softmax, then top-k, top-p and min-p only where some request sets them, and
+``sampling_seed`` with the node's position, as plain decoding seeds its
+draw); if a child of the node carries that token, the child is accepted and
+the walk goes on from it, otherwise the token is the step's bonus token.
+
+Why this is exact: every emitted token is a plain decoding draw from the
+target's filtered distribution at its position, given the tokens before it
+(a drafted child is emitted only because the draw produced its token).  A
+child is therefore accepted with the target's probability of its token,
+which is what sequential rejection sampling of deterministic drafts
+(``tree_speculative_sampling_target_only``) accepts it with; the two differ
+only in how the coins are drawn.  With ``sampling_seed`` in float32 the
+output is plain decoding's own, token for token.
+
+Why it is cheap: only the rows of nodes on the accepted path are sampled,
+one per committed token, so a step costs what plain decoding's sampler costs
+for the tokens it commits, and a width-1 step (no drafts) is exactly plain
+decoding's sampler call.  There is no vocabulary sort unless a filter is on
+(that is SGLang's own rule), and the walk is one vectorised pass per tree
+depth, not a Python loop over nodes.
 """
 
 from __future__ import annotations
 
 import torch
 
-
-def filtered_probs(logits: torch.Tensor, temperatures: torch.Tensor, top_ks: torch.Tensor,
-                   top_ps: torch.Tensor, min_ps: torch.Tensor | None) -> torch.Tensor:
-    """Rows of ``logits`` -> the distributions SGLang's sampler draws from."""
-    probs = torch.softmax(logits.float() / temperatures.view(-1, 1), dim=-1)
-    sorted_probs, order = probs.sort(dim=-1, descending=True)
-    cumulative = torch.cumsum(sorted_probs, dim=-1)
-    rank = torch.arange(probs.shape[-1], device=probs.device).view(1, -1)
-    sorted_probs[rank >= top_ks.view(-1, 1)] = 0.0
-    sorted_probs[(cumulative - sorted_probs) > top_ps.view(-1, 1)] = 0.0
-    if min_ps is not None:
-        sorted_probs[sorted_probs < (sorted_probs[:, :1] * min_ps.view(-1, 1))] = 0.0
-    out = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
-    return out / out.sum(dim=-1, keepdim=True)
+from sglang.kernels.ops.sampling import softmax as sampler_softmax
+from sglang.srt.layers.sampler import sampling_from_probs_torch, top_k_top_p_min_p_sampling_from_probs_torch
 
 
-def sample_tree(probs: torch.Tensor, candidates: torch.Tensor, retrieve_index: torch.Tensor,
-                next_token: torch.Tensor, next_sibling: torch.Tensor,
-                generator: torch.Generator | None = None):
-    """Rejection-sample a path through each request's draft tree.
+def sample_rows(logits: torch.Tensor, info, rows: torch.Tensor, requests: torch.Tensor,
+                positions: torch.Tensor) -> torch.Tensor:
+    """One token for each of ``logits[rows]``, drawn as plain decoding's
+    sampler draws it (``Sampler.forward``'s standard path), with the
+    sampling parameters of ``requests`` (indices into ``info``'s rows) and
+    ``positions`` for seeded sampling.  ``logits`` is left as it is."""
+    logits = logits.index_select(0, rows)
+    logits.div_(info.temperatures.index_select(0, requests).view(-1, 1))
+    probs = sampler_softmax(logits)
+    seeds = None if info.sampling_seed is None else info.sampling_seed.index_select(0, requests)
+    if not (info.need_top_k_sampling or info.need_top_p_sampling or info.need_min_p_sampling):
+        return sampling_from_probs_torch(probs, sampling_seed=seeds, positions=positions)
+    return top_k_top_p_min_p_sampling_from_probs_torch(
+        probs,
+        info.top_ks.index_select(0, requests),
+        info.top_ps.index_select(0, requests),
+        info.min_ps.index_select(0, requests),
+        info.need_min_p_sampling,
+        seeds,
+        positions,
+        max_top_k=info.max_top_k,
+    ).to(torch.int32)
 
-    ``probs`` [bs, W, V] is the target's distribution after each node;
-    ``candidates`` [bs, W] the node tokens (node 0 is the root).  Returns
-    ``(predict [bs*W] int32, accept_index [bs, W] int32, num_correct [bs] int32)``
-    in the layout of SGLang's verify kernels: ``accept_index`` lists the
-    accepted nodes' flat indices from the root, and ``predict`` at each of
-    them holds the token that follows it.
-    """
-    bs, width, _ = probs.shape
+
+def tree_parents(mask: torch.Tensor, bs: int, width: int) -> torch.Tensor:
+    """``[bs, width]`` parent node of each node (-1 for the roots), from the
+    ancestor-or-self mask: nodes are in topological order, so a node's parent
+    is its highest-numbered strict ancestor."""
+    m = mask.view(bs, width, width) & torch.ones(width, width, dtype=torch.bool).tril(-1)
+    index = torch.arange(width).view(1, 1, width)
+    parents = torch.where(m, index, -1).amax(dim=-1)
+    return parents
+
+
+def sample_tree(logits: torch.Tensor, info, candidates: torch.Tensor, parents: torch.Tensor,
+                retrieve_index: torch.Tensor, positions: torch.Tensor):
+    """Walk each request's draft tree, sampling at the current node and
+    accepting the child that carries the sampled token.
+
+    ``logits`` [bs * W, V] are the target's logits after each node (with
+    every logit change plain decoding makes already applied); ``candidates``
+    [bs, W] the node tokens (node 0 is the root); ``parents`` [bs, W] as
+    ``tree_parents`` gives them; ``positions`` [bs * W] each node's position.
+    Returns ``(predict [bs*W] int32, accept_index [bs, W] int32,
+    num_correct [bs] int32)`` in the layout of SGLang's verify kernels:
+    ``accept_index`` lists the accepted nodes' flat indices from the root,
+    and ``predict`` at each of them holds the token that follows it."""
+    bs, width = candidates.shape
     predict = torch.zeros(bs * width, dtype=torch.int32)
     accept_index = torch.full((bs, width), -1, dtype=torch.int32)
     num_correct = torch.zeros(bs, dtype=torch.int32)
-    cand, nxt, sib, ridx = (t.cpu().tolist() for t in (candidates, next_token, next_sibling, retrieve_index))
-    for b in range(bs):
-        node, depth = 0, 0
-        accept_index[b, 0] = ridx[b][0]
-        while True:
-            residual = probs[b, node].clone()
-            child = nxt[b][node]
-            accepted = -1
-            while child != -1:
-                token = cand[b][child]
-                if torch.rand((), generator=generator).item() < residual[token].item():
-                    accepted = child
-                    break
-                residual[token] = 0.0
-                total = residual.sum()
-                if total <= 0:
-                    break
-                residual /= total
-                child = sib[b][child]
-            if accepted < 0:
-                predict[ridx[b][node]] = int(torch.multinomial(residual, 1, generator=generator))
-                break
-            predict[ridx[b][node]] = cand[b][accepted]
-            depth += 1
-            accept_index[b, depth] = ridx[b][accepted]
-            node = accepted
-        num_correct[b] = depth
+    retrieve_index = retrieve_index.to(torch.int64)
+    candidates = candidates.to(torch.int64)
+    accept_index[:, 0] = retrieve_index[:, 0].to(torch.int32)
+    active = torch.arange(bs)
+    node = torch.zeros(bs, dtype=torch.int64)
+    for depth in range(width):
+        rows = active * width + node
+        token = sample_rows(logits, info, rows, active, positions.index_select(0, rows)).to(torch.int64)
+        predict[retrieve_index[active, node]] = token.to(torch.int32)
+        if depth == width - 1:
+            break
+        # The child of the current node that carries the sampled token (the
+        # first one, should padding have repeated a token among siblings).
+        match = (parents.index_select(0, active) == node.view(-1, 1)) & \
+                (candidates.index_select(0, active) == token.view(-1, 1))
+        hit = match.any(dim=1)
+        if not bool(hit.any()):
+            break
+        child = match.to(torch.int8).argmax(dim=1)[hit]
+        active = active[hit]
+        node = child
+        accept_index[active, depth + 1] = retrieve_index[active, node].to(torch.int32)
+        num_correct[active] = depth + 1
     return predict, accept_index, num_correct
 
 
-def tree_sampling_verify(verify_input, batch, logits_output, grammar_mask=None,
-                         generator: torch.Generator | None = None):
+def tree_sampling_verify(verify_input, batch, logits_output, grammar_mask=None):
     """Drop-in for ``eagle_sample`` on CPU for batches that sample: returns
     ``(predict, accept_lens, accept_index)`` with accept_lens counting the bonus.
 
@@ -99,21 +130,13 @@ def tree_sampling_verify(verify_input, batch, logits_output, grammar_mask=None,
         logits.add_(torch.repeat_interleave(info.logit_bias, width, dim=0))
     if grammar_mask is not None:
         grammar_mask.apply(logits)
-
-    def per_node(t):
-        return torch.repeat_interleave(t.view(-1), width, dim=0)
-
-    probs = filtered_probs(
-        logits,
-        per_node(info.temperatures),
-        per_node(info.top_ks),
-        per_node(info.top_ps),
-        per_node(info.min_ps) if getattr(info, "need_min_p_sampling", False) else None,
-    ).view(bs, width, -1)
-    candidates = verify_input.draft_token.view(bs, width)
+    if width == 1:
+        parents = torch.full((bs, 1), -1, dtype=torch.int64)
+    else:
+        parents = tree_parents(verify_input.custom_mask, bs, width)
     predict, accept_index, num_correct = sample_tree(
-        probs, candidates, verify_input.retrieve_index, verify_input.retrieve_next_token,
-        verify_input.retrieve_next_sibling, generator,
+        logits, info, verify_input.draft_token.view(bs, width), parents,
+        verify_input.retrieve_index, verify_input.positions.view(-1).to(torch.int64),
     )
     device = logits.device
     return predict.to(device), (num_correct + 1).to(device), accept_index.to(device)

@@ -29,28 +29,8 @@ from cpu_env import cpu_sgl_kernel_path
 
 
 @pytest.fixture(scope="module", autouse=True)
-def shim():
-    """The shim as ``sgl_kernel``; afterwards the import is undone again.
-
-    Imported at test time, not collection time, and dropped from
-    ``sys.modules`` on teardown, so other test modules still see this process
-    as one without ``sgl_kernel`` (their subprocess set-up may depend on it).
-    The torch ops stay registered (harmless; re-imports reuse them).
-    """
-    preloaded = "sgl_kernel" in sys.modules
-    if not preloaded:
-        sys.path.insert(0, cpu_sgl_kernel_path())
-    try:
-        module = importlib.import_module("sgl_kernel")
-    finally:
-        if not preloaded:
-            sys.path.remove(cpu_sgl_kernel_path())
-    if not getattr(module, "IS_CPU_SHIM", False):
-        pytest.skip("a real sgl_kernel is imported in this process")
-    yield module
-    if not preloaded:
-        for name in [m for m in sys.modules if m == "sgl_kernel" or m.startswith("sgl_kernel.")]:
-            del sys.modules[name]
+def shim(sgl_kernel_shim):
+    return sgl_kernel_shim
 
 
 ops = torch.ops.sgl_kernel

@@ -293,12 +293,36 @@ def take_eagle_scores():
     return scores
 
 
-def _report_hybrid_stats(original, self, state):
+def _report_stats(original, self, state):
     original(self, state)
     worker = getattr(self.scheduler, "draft_worker", None)
-    stats = getattr(worker, "lookahead_hybrid_stats", None)
-    if stats is not None:
-        state["lookahead_hybrid"] = stats()
+    for key, method in (("lookahead", "lookahead_stats"), ("lookahead_hybrid", "lookahead_hybrid_stats")):
+        stats = getattr(worker, method, None)
+        if stats is not None:
+            state[key] = stats()
+
+
+# /set_internal_state keys a LOOKAHEAD server takes, with what each does.
+CLEAR_HISTORY = "speculative_lookahead_clear_history"
+
+
+def _lookahead_handlers(original, self):
+    handlers = original(self)
+    worker = getattr(self.scheduler, "draft_worker", None)
+    cache = getattr(worker, "cache", None)
+    if cache is None or not hasattr(cache, "clear_history"):
+        return handlers
+    from sglang.srt.managers.scheduler_components.internal_state import UpdateRejected, _UpdateHandler
+
+    def validate(key, value):
+        if value is not True:
+            raise UpdateRejected(f"{key} takes true (clear the history), got {value!r}")
+
+    def apply(key, value):
+        dropped = cache.clear_history()
+        logger.info("LOOKAHEAD: history cleared (%d shared tokens dropped)", dropped)
+
+    return {**handlers, CLEAR_HISTORY: _UpdateHandler(validate, apply)}
 
 
 def install_hybrid() -> None:
@@ -308,8 +332,7 @@ def install_hybrid() -> None:
     * ``eagle_utils.organize_draft_results`` (AROUND): EAGLE's top-k > 1 tree
       selection drops its nodes' scores; the hybrid keeps them
       (``take_eagle_scores``). A no-op until a hybrid worker exists.
-    * ``SchedulerInternalStateController._add_speculative`` (AROUND): the
-      hybrid's stats in ``/get_server_info`` (``internal_states[i]["lookahead_hybrid"]``).
+    * the internal-state hooks of ``_install_internal_state``.
     """
     global _hybrid_installed, _capture_scores
     _capture_scores = True
@@ -318,11 +341,35 @@ def install_hybrid() -> None:
     _register_and_apply((
         # retire when: EAGLE's verify input keeps the selected nodes' scores.
         ("sglang.srt.speculative.eagle_utils.organize_draft_results", _keep_eagle_scores),
-        # retire when: a speculative worker can add its own entry to the internal state.
-        ("sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController._add_speculative",
-         _report_hybrid_stats),
     ))
+    _install_internal_state()
     _hybrid_installed = True
+
+
+_internal_state_installed = False
+_INTERNAL_STATE = "sglang.srt.managers.scheduler_components.internal_state.SchedulerInternalStateController"
+
+
+def _install_internal_state() -> None:
+    """``/get_server_info`` and ``/set_internal_state`` for LOOKAHEAD (once per process):
+
+    * ``SchedulerInternalStateController._add_speculative`` (AROUND): the
+      trie's and the steps' stats under ``internal_states[i]["lookahead"]``
+      (the hybrid's under ``["lookahead_hybrid"]``);
+    * ``SchedulerInternalStateController._update_handlers`` (AROUND): the
+      key ``speculative_lookahead_clear_history``, as SGLang's own
+      ``dspark_clear_info_records`` clears a worker's records.
+    """
+    global _internal_state_installed
+    if _internal_state_installed:
+        return
+    _register_and_apply((
+        # retire when: a speculative worker can add its own entry to the internal state.
+        (f"{_INTERNAL_STATE}._add_speculative", _report_stats),
+        # retire when: a speculative worker can register its own internal-state commands.
+        (f"{_INTERNAL_STATE}._update_handlers", _lookahead_handlers),
+    ))
+    _internal_state_installed = True
 
 
 def _register_and_apply(hooks) -> None:
@@ -377,5 +424,6 @@ def install() -> None:
         ("sglang.srt.layers.attention.intel_amx_backend.IntelAMXAttnBackend.forward_extend",
          _width_one_verify_as_decode),
     ))
+    _install_internal_state()
     _installed = True
     logger.debug("LOOKAHEAD: SGLang hooks installed")

@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 SPECULATE, SINGLE = "speculate", "single"
+GREEDY, SAMPLED = "greedy", "sampled"  # kinds of batch, calibrated apart
 
 
 @dataclass
@@ -44,6 +45,19 @@ class _Cost:
     seconds: float = 0.0  # moving average of the step's cost
     samples: int = 0
     last_step: int = -(1 << 30)  # the batch size's step count when last measured
+
+
+def new_calibration() -> dict:
+    """Accepted drafts over the trie's expectation, per kind of batch (1: as scored)."""
+    return {GREEDY: 1.0, SAMPLED: 1.0}
+
+
+def calibrate(calibration: dict, kind: str, accepted_drafts: int, expected_drafts: float,
+              smoothing: float = 0.05) -> None:
+    """Move ``calibration[kind]`` towards a verify's accepted / expected drafts."""
+    if expected_drafts > 0:
+        ratio = min(4.0, accepted_drafts / expected_drafts)
+        calibration[kind] += smoothing * (ratio - calibration[kind])
 
 
 @dataclass(frozen=True)
@@ -63,16 +77,18 @@ class StepPolicy:
     costs: dict = field(default_factory=dict)  # (bs, kind) -> _Cost: what decisions read
     measured: dict = field(default_factory=dict)  # (bs, kind) -> _Cost: this rank's samples
     steps_by_bs: dict = field(default_factory=dict)  # bs -> decode steps decided at that size
-    calibration: float = 1.0  # measured accepted drafts / expected, moving average
-    expected_per_request: float = 1.0  # recent expected accepted drafts per drafted request
+    # Per kind of batch (GREEDY, SAMPLED): measured accepted drafts / expected,
+    # moving averages; and recent expected accepted drafts per drafted request.
+    calibration: dict = field(default_factory=new_calibration)
+    expected_per_request: dict = field(default_factory=new_calibration)
     decisions: dict = field(default_factory=dict)  # (kind, reason) -> steps
 
     def _cost(self, bs: int, kind: str) -> _Cost:
         return self.costs.setdefault((bs, kind), _Cost())
 
-    def _pays(self, bs: int, expected_drafts: float) -> bool:
+    def _pays(self, bs: int, expected_drafts: float, kind: str) -> bool:
         spec, single = self._cost(bs, SPECULATE).seconds, self._cost(bs, SINGLE).seconds
-        return (bs + self.calibration * expected_drafts) * single > bs * spec
+        return (bs + self.calibration[kind] * expected_drafts) * single > bs * spec
 
     def _exploring(self, bs: int, preferred: bool) -> bool:
         other = self._cost(bs, SINGLE if preferred else SPECULATE)
@@ -81,20 +97,21 @@ class StepPolicy:
     def _measured(self, bs: int) -> bool:
         return self._cost(bs, SPECULATE).samples > 0 and self._cost(bs, SINGLE).samples > 0
 
-    def wants_drafts(self, bs: int) -> bool:
+    def wants_drafts(self, bs: int, kind: str = GREEDY) -> bool:
         """Whether drafting this step can change the decision: not where
         recent drafts say speculation would not pay and no try is due."""
         if bs > self.max_batch_size:
             return False
         if not self._measured(bs):
             return True
-        preferred = self._pays(bs, bs * self.expected_per_request)
+        preferred = self._pays(bs, bs * self.expected_per_request[kind], kind)
         return preferred or self._exploring(bs, preferred)
 
-    def decide(self, bs: int, expected_drafts) -> Decision:
+    def decide(self, bs: int, expected_drafts, kind: str = GREEDY) -> Decision:
         """The choice for a step of ``bs`` requests whose drafts are expected to
         have ``expected_drafts`` accepted tokens in all: 0 when nothing matched,
-        None when nothing was drafted because ``wants_drafts`` said no."""
+        None when nothing was drafted because ``wants_drafts`` said no.
+        ``kind``: GREEDY or SAMPLED, the batch's calibration."""
         step = self.steps_by_bs.get(bs, 0)
         self.steps_by_bs[bs] = step + 1
         if bs > self.max_batch_size:
@@ -103,11 +120,11 @@ class StepPolicy:
             return self._count(Decision(False, "does_not_pay"))
         if expected_drafts <= 0:
             return self._count(Decision(False, "no_draft"))
-        self.expected_per_request += 0.1 * (expected_drafts / bs - self.expected_per_request)
-        for speculate, kind in ((True, SPECULATE), (False, SINGLE)):
-            if not self._cost(bs, kind).samples:
+        self.expected_per_request[kind] += 0.1 * (expected_drafts / bs - self.expected_per_request[kind])
+        for speculate, option in ((True, SPECULATE), (False, SINGLE)):
+            if not self._cost(bs, option).samples:
                 return self._count(Decision(speculate, "explore"))
-        preferred = self._pays(bs, expected_drafts)
+        preferred = self._pays(bs, expected_drafts, kind)
         if self._exploring(bs, preferred):
             return self._count(Decision(not preferred, "explore"))
         return self._count(Decision(preferred, "pays" if preferred else "does_not_pay"))
@@ -134,11 +151,9 @@ class StepPolicy:
         cost.samples += 1
         cost.last_step = self.steps_by_bs.get(bs, 0)
 
-    def record_acceptance(self, accepted_drafts: int, expected_drafts: float) -> None:
+    def record_acceptance(self, accepted_drafts: int, expected_drafts: float, kind: str = GREEDY) -> None:
         """A speculating step's accepted drafts against what the scores expected."""
-        if expected_drafts > 0:
-            ratio = min(4.0, accepted_drafts / expected_drafts)
-            self.calibration += self.calibration_smoothing * (ratio - self.calibration)
+        calibrate(self.calibration, kind, accepted_drafts, expected_drafts, self.calibration_smoothing)
 
     def summary(self) -> str:
         """Steps by decision, and the cost ratio (speculate / single) per batch size."""
@@ -148,7 +163,8 @@ class StepPolicy:
             if spec and single and spec.samples and single.samples:
                 ratios.append(f"{bs}:{spec.seconds / single.seconds:.2f}")
         decisions = ", ".join(f"{k}/{r} {n}" for (k, r), n in sorted(self.decisions.items()))
-        return f"decisions {decisions}; cost ratio by batch size {' '.join(ratios)}; calibration {self.calibration:.2f}"
+        calibration = ", ".join(f"{kind} {value:.2f}" for kind, value in self.calibration.items())
+        return f"decisions {decisions}; cost ratio by batch size {' '.join(ratios)}; calibration {calibration}"
 
     # -- tensor parallelism ---------------------------------------------------------
 

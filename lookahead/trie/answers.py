@@ -60,6 +60,9 @@ class AnswerMemo:
         while len(self._answers) > self.entries:
             self._answers.popitem(last=False)
 
+    def clear(self) -> None:
+        self._answers.clear()
+
     def __len__(self) -> int:
         return len(self._answers)
 

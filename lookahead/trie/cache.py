@@ -267,6 +267,18 @@ class LookaheadCache:
         else:
             self._inserter.resize(self._store_of(step.scope), step.capacity)
 
+    def clear_history(self) -> int:
+        """Forget every scope's shared history and the answers remembered,
+        as at start (live requests keep their own text, the external corpora
+        stay); returns the shared tokens dropped.  For a new dataset or
+        training run whose earlier text should no longer be drafted."""
+        with self._lock:
+            dropped = self._budget.tokens
+            for scope in list(self._budget.scopes.values()):
+                self._apply(self._budget.drop(scope))
+            self._answers.clear()
+        return dropped
+
     def synchronize(self) -> None:
         """Wait until every insert submitted so far is visible to drafts."""
         self._inserter.synchronize()

@@ -167,6 +167,10 @@ class ScopeBudget:
             cap //= 2
         if self.bytes_for(victim.cap) - self.bytes_for(cap) >= excess:
             return self._resize(victim, cap)
+        return self.drop(victim)
+
+    def drop(self, victim: Scope) -> "Drop":
+        """Plan the removal of ``victim``'s whole history."""
         self.bytes -= self.bytes_for(victim.cap)
         self.tokens -= victim.held
         del self.scopes[victim.key]

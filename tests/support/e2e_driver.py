@@ -11,7 +11,9 @@ texts or token-id lists; ``"server_info": [keys]`` records those keys of the
 scheduler's internal state after each group; ``"top_logprobs": k`` records
 each output token's ``k`` most likely tokens (what ``lookahead/validate/numerics.py``
 reads near ties from); ``"overlap_on_cpu": true``
-starts the engine with overlap scheduling (see ``_overlap_on_cpu``).
+starts the engine with overlap scheduling (see ``_overlap_on_cpu``);
+``"calls": {"i": [name, ...]}`` makes the engine calls named (``_CALLS``)
+after group ``i``, before its server info is recorded.
 """
 
 from __future__ import annotations
@@ -107,6 +109,35 @@ def _overlap_on_cpu(lift: bool):
         hook._disable_overlap_schedule_for_cpu, lookahead_args.disable_overlap_on_cpu = saved
 
 
+def _update_one_matrix(engine, model: str) -> None:
+    """A small real change to one weight matrix, as a training step makes."""
+    import torch
+    from safetensors.torch import load_file
+
+    name = "model.layers.0.mlp.down_proj.weight"
+    weight = load_file(str(next(Path(model).glob("*.safetensors"))))[name].float()
+    engine.update_weights_from_tensor([(name, weight * (1 + 0.01 * torch.randn(weight.shape)))])
+
+
+def _set_internal_state(engine, **server_args) -> None:
+    from sglang.srt.managers.io_struct import SetInternalStateReq
+
+    out = engine.loop.run_until_complete(
+        engine.tokenizer_manager.set_internal_state(SetInternalStateReq(server_args=server_args)))
+    assert all(out), f"set_internal_state({server_args}) was refused"
+
+
+# Engine calls a run may make between its groups (RL training loops make them between rollouts).
+_CALLS = {
+    "flush_cache": lambda engine, model: engine.flush_cache(),
+    "update_weights_from_tensor": _update_one_matrix,
+    "update_weights_from_disk": lambda engine, model: engine.update_weights_from_disk(model),
+    "release_resume": lambda engine, model: (engine.release_memory_occupation(),
+                                             engine.resume_memory_occupation()),
+    "clear_history": lambda engine, model: _set_internal_state(engine, speculative_lookahead_clear_history=True),
+}
+
+
 def main(spec_path: str, out_path: str) -> None:
     sys.path[:0] = [str(REPO), str(REPO / "cpu"), str(REPO / "tools")]
     from cpu_env import apply_cpu_env, cpu_engine_kwargs
@@ -127,11 +158,11 @@ def main(spec_path: str, out_path: str) -> None:
         try:
             result["engine_pids"] += [p.pid for p in psutil.Process().children(recursive=True)]
             groups = run.get("groups") or [list(range(len(texts)))]
-            outputs, infos = {}, []
+            outputs, infos, by_group = {}, [], []
             t0 = time.time()
             top = run.get("top_logprobs", 0)
             logprobs = {"return_logprob": True, "top_logprobs_num": top} if top else {}
-            for group in groups:
+            for g, group in enumerate(groups):
                 batch = [texts[i] for i in group]
                 if all(isinstance(p, list) for p in batch):  # token-id prompts
                     outs = engine.generate(input_ids=batch, sampling_params=run["sampling"], **logprobs)
@@ -147,6 +178,9 @@ def main(spec_path: str, out_path: str) -> None:
                     }
                     if top:
                         outputs[i]["output_top_logprobs"] = meta.get("output_top_logprobs")
+                by_group.append({str(i): outputs[i] for i in group})
+                for call in run.get("calls", {}).get(str(g), []):
+                    _CALLS[call](engine, spec["model"])
                 if run.get("server_info"):
                     # What the scheduler reports after each group (e.g. the hybrid's stats).
                     state = engine.get_server_info()["internal_states"][0]
@@ -164,6 +198,7 @@ def main(spec_path: str, out_path: str) -> None:
         result["runs"][run["name"]] = {
             "outputs": {str(k): v for k, v in outputs.items()},
             "server_info": infos,
+            "group_outputs": by_group,
             "start_s": round(t0 - started, 1),
             "generate_s": round(gen_s, 2),
         }

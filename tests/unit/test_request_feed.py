@@ -104,3 +104,23 @@ def test_context_is_the_tail_of_prompt_output_and_pending():
     assert RequestFeed.context_of(req, (), 4) == [4, 5, 6, 7]
     assert RequestFeed.context_of(req, [8, 9], 3) == [7, 8, 9]
     assert RequestFeed.context_of(req, [8], 20) == [1, 2, 3, 4, 5, 6, 7, 8]
+
+
+def test_an_aborted_request_keeps_its_partial_output():
+    # A partial rollout (aborted mid-answer, as slime aborts at a training
+    # step's end) leaves what it wrote in the history: a later request drafts it.
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    cache = LookaheadCache(background=False)
+    feed = RequestFeed(cache, isolation="none")
+    req = make_req("partial", [1, 2, 3])
+    feed.start([req])
+    req.output_ids.extend(SECRET[:60])  # never synced: above the cut-off, or the abort came first
+    req.finished_reason = FINISH_ABORT("aborted by the client")
+    feed.sweep()
+    assert "partial" not in feed
+    assert cache.stats()["shared_tokens"] >= 60
+    later = make_req("later", SECRET[:30])
+    feed.start([later])
+    (ready,) = feed.sync([later])
+    assert SECRET[30] in cache.draft(ready.rid, SECRET[:30], 4).tokens

@@ -702,3 +702,30 @@ def test_replay_measures_isolation_by_a_trace_field(tmp_path):
     assert shared["split"] == "" and shared["acceptance_length"] == al["1 tenant"]
     # The last request (no tenant) alone differs from the round-robin split.
     assert abs(al["by tenant"] - al["2 tenants"]) < 0.05 * al["2 tenants"]
+
+
+def test_clear_history_forgets_every_scope_and_answer():
+    from lookahead import LookaheadCache
+
+    cache = LookaheadCache(background=False)
+    text = list(range(100, 300))
+    for scope in (None, "cache_salt:a"):
+        cache.put_prompt(f"r{scope}", [1, 2, 3], scope=scope)
+        cache.put_output(f"r{scope}", text)
+        cache.finish(f"r{scope}")
+    cache.put_prompt("live", [7, 8, 9])
+    cache.put_output("live", [5, 6])
+    stats = cache.stats()
+    assert stats["shared_tokens"] >= 400 and stats["answers_remembered"] == 2
+    cache.put_prompt("before", text[:50])
+    assert text[50] in cache.draft("before", text[:50], 4).tokens  # drafted from the history
+    cache.finish("before")
+    dropped = cache.clear_history()
+    stats = cache.stats()
+    assert dropped >= 400 and stats["shared_tokens"] == 0 and stats["scopes"] == 0
+    assert stats["answers_remembered"] == 0
+    cache.put_prompt("after", text[:50])
+    assert text[50] not in cache.draft("after", text[:50], 4).tokens
+    # The live request still drafts from its own text, and new text is shared again.
+    cache.finish("live")
+    assert cache.stats()["shared_tokens"] > 0

@@ -92,9 +92,11 @@ def serve(model: str, kwargs: dict, prompts: list[str], args, log: Path) -> list
         for step in range(1, args.steps + 1):
             steps.append(rollout_step(engine, prompts, args.group, sampling))
             if step < args.steps:
-                ok = engine.update_weights_from_tensor([(UPDATED, updated_weight(model, step))])
-                if isinstance(ok, tuple) and not ok[0]:
-                    raise RuntimeError(f"update_weights_from_tensor failed: {ok}")
+                engine.begin_weight_update()  # SGLang 0.5.23: tensor updates run inside a session
+                ok, message = engine.update_weights_from_tensor([(UPDATED, updated_weight(model, step))])[:2]
+                engine.end_weight_update()
+                if not ok:
+                    raise RuntimeError(f"update_weights_from_tensor failed: {message}")
         return steps
     finally:
         with stderr_to(log):

@@ -116,7 +116,15 @@ def _update_one_matrix(engine, model: str) -> None:
 
     name = "model.layers.0.mlp.down_proj.weight"
     weight = load_file(str(next(Path(model).glob("*.safetensors"))))[name].float()
-    engine.update_weights_from_tensor([(name, weight * (1 + 0.01 * torch.randn(weight.shape)))])
+    engine.begin_weight_update()  # SGLang 0.5.23: tensor updates run inside a session
+    ok, message = engine.update_weights_from_tensor([(name, weight * (1 + 0.01 * torch.randn(weight.shape)))])[:2]
+    engine.end_weight_update()
+    assert ok, f"update_weights_from_tensor failed: {message}"
+
+
+def _succeeded(result) -> None:
+    ok, message = result[:2]
+    assert ok, message
 
 
 def _set_internal_state(engine, **server_args) -> None:
@@ -131,7 +139,7 @@ def _set_internal_state(engine, **server_args) -> None:
 _CALLS = {
     "flush_cache": lambda engine, model: engine.flush_cache(),
     "update_weights_from_tensor": _update_one_matrix,
-    "update_weights_from_disk": lambda engine, model: engine.update_weights_from_disk(model),
+    "update_weights_from_disk": lambda engine, model: _succeeded(engine.update_weights_from_disk(model)),
     "release_resume": lambda engine, model: (engine.release_memory_occupation(),
                                              engine.resume_memory_occupation()),
     "clear_history": lambda engine, model: _set_internal_state(engine, speculative_lookahead_clear_history=True),

@@ -42,6 +42,10 @@ logger = logging.getLogger(__name__)
 # given the previous one: what a draft that follows it expects (Draft.expected).
 ANSWER_ODDS = 0.9
 
+# A request drafts from at most this many live requests of the same prompt in
+# its scope (its group: the samples of one RL prompt, n > 1), the latest first.
+GROUP_PEERS = 3
+
 
 
 class Draft(NamedTuple):
@@ -76,6 +80,7 @@ class _Request:
     tail: int = 0  # prompt tokens shared before its output (see share_tail)
     print_: int = 0  # its prompt's fingerprint (lookahead.trie.answers)
     answer: Optional[np.ndarray] = None  # the answer its prompt got before, while its output follows it
+    group: Optional[list] = None  # the live requests of its scope with the same prompt, itself included
 
 
 def share_tail(prompt: np.ndarray, config: LookaheadConfig) -> int:
@@ -135,6 +140,7 @@ class LookaheadCache:
         # a draft holds it).  Kept in step with the budget's scopes.
         self._histories: dict[Any, TokenStore] = {}
         self._requests: dict[Hashable, _Request] = {}
+        self._groups: dict[tuple, list] = {}  # (scope, prompt fingerprint) -> live rids, in arrival order
         self._lock = threading.Lock()
         self._inserter = Inserter(config.background)
         self._scratch = threading.local()
@@ -188,14 +194,22 @@ class LookaheadCache:
         # The raw copy is a memcpy; the indexing is the expensive part.
         store.append_tokens(arr, False)
         store.mark_prompt_end()
-        remembers = share and self.config.share_outputs and self._answers.entries > 0 and len(arr) > 0
-        print_ = fingerprint(arr) if remembers else 0
+        grouped = share and self.config.share_outputs and len(arr) > 0
+        remembers = grouped and self._answers.entries > 0
+        print_ = fingerprint(arr) if grouped else 0
         with self._lock:
             if rid in self._requests:
                 raise ValueError(f"request {rid!r} already has a prompt; call finish() before reusing its id")
+            group = None
+            if grouped:
+                # The samples of one prompt in flight together draft from each
+                # other's output as it is written, not only once it is shared.
+                group = self._groups.setdefault((scope, print_), [])
+                group.append(rid)
             self._requests[rid] = _Request(store, len(arr), len(arr), scope if share else PRIVATE, corpora,
                                            tail=share_tail(arr, self.config) if share else 0, print_=print_,
-                                           answer=self._answers.recall(scope, print_) if remembers else None)
+                                           answer=self._answers.recall(scope, print_) if remembers else None,
+                                           group=group)
             self._prompts += 1
             self._prompt_tokens += len(arr)
             if share:
@@ -218,6 +232,10 @@ class LookaheadCache:
             if req is None:
                 raise ValueError(f"unknown request {rid!r}: finish() needs a put_prompt() first")
             self._finished += 1
+            if req.group is not None:
+                req.group.remove(rid)
+                if not req.group:
+                    del self._groups[(req.scope, req.print_)]
             # Output tokens are counted from the store itself (no per-step bookkeeping).
             self._output_tokens += req.store.appended - req.prompt_len
         if self.config.share_outputs:
@@ -346,7 +364,7 @@ class LookaheadCache:
         req = self._requests.get(rid)
         if req is None:
             raise ValueError(f"unknown request {rid!r}: call put_prompt() first")
-        draft = self._drafter().draft_context(req.store, self._shared_of(req), context, budget,
+        draft = self._drafter().draft_context(req.store, self._shared_of(req, rid), context, budget,
                                               one_branch, self._draft_config, self._max_id)
         return draft if req.answer is None else self._follow_answer(req, context, budget, draft)
 
@@ -363,17 +381,24 @@ class LookaheadCache:
         return Draft(tokens, list(range(-1, len(tokens) - 1)),
                      sum(ANSWER_ODDS ** (i + 1) for i in range(len(tokens))))
 
-    def _shared_of(self, req: _Request):
-        # The request's history, and its corpora if any exist: what it drafts from besides its own store.
+    def _shared_of(self, req: _Request, rid: Hashable = None):
+        # What the request drafts from besides its own store: its history,
+        # the stores of its group's latest other live requests, and its
+        # corpora if any exist.
         history = self._histories.get(req.scope)
+        peers = ()
+        group = req.group
+        if group is not None and len(group) > 1:
+            live = (self._requests.get(r) for r in group[::-1][:GROUP_PEERS + 1] if r != rid)
+            peers = tuple(p.store for p in live if p is not None)[:GROUP_PEERS]
         corpora = self._corpora
         if not corpora.view:
-            return history
+            return (history,) + peers if peers else history
         if req.view_gen != corpora.generation:
             gen = corpora.generation
             req.view = corpora.stores_for(req.scope, req.corpora)
             req.view_gen = gen
-        return (history,) + req.view if req.view else history
+        return (history,) + peers + req.view if (req.view or peers) else history
 
     def batch_draft(self, rids: Sequence[Hashable], contexts: Sequence[Any], budget: int,
                     one_branch: bool = False) -> list[Draft]:
@@ -389,7 +414,8 @@ class LookaheadCache:
             if req is None:
                 raise ValueError(f"unknown request {rid!r}: call put_prompt() first")
             stores.append(req.store)
-            histories.append(self._shared_of(req) if with_corpora else history_of(req.scope))
+            grouped = req.group is not None and len(req.group) > 1
+            histories.append(self._shared_of(req, rid) if with_corpora or grouped else history_of(req.scope))
             if req.answer is not None:
                 following.append((len(stores) - 1, req))
         drafts = self._drafter().draft_batch(stores, histories, list(contexts), budget, one_branch,

@@ -729,3 +729,28 @@ def test_clear_history_forgets_every_scope_and_answer():
     # The live request still drafts from its own text, and new text is shared again.
     cache.finish("live")
     assert cache.stats()["shared_tokens"] > 0
+
+
+def test_a_group_drafts_from_its_samples_as_they_are_written():
+    # Eight samples of one prompt in flight (an RL group, or n > 1): a
+    # sample drafts what another wrote before either has finished or reached
+    # the history's flush size; another scope's sample of the same prompt does not.
+    from lookahead import LookaheadCache
+
+    cache = LookaheadCache(background=False, flush_tokens=10_000)
+    prompt = list(range(10, 40))
+    answer = list(range(500, 560))
+    cache.put_prompt("a", prompt)
+    cache.put_prompt("b", prompt)
+    cache.put_prompt("other-tenant", prompt, scope="cache_salt:t2")
+    cache.put_prompt("other-prompt", prompt[:-1] + [99])
+    cache.put_output("a", answer)
+    assert cache.stats()["shared_tokens"] == 0  # nothing shared yet
+    cache.synchronize()
+    assert cache.draft("b", prompt, 4).tokens[:1] == [answer[0]]
+    assert cache.batch_draft(["b"], [prompt + answer[:20]], 4)[0].tokens[:1] == [answer[20]]
+    assert answer[0] not in cache.draft("other-tenant", prompt, 4).tokens
+    assert answer[21] not in cache.draft("other-prompt", prompt[:-1] + [99] + answer[:20], 4).tokens
+    cache.finish("a")
+    cache.finish("b")
+    assert sorted(map(tuple, cache._groups.values())) == [("other-prompt",), ("other-tenant",)]

@@ -47,6 +47,11 @@ class _Cost:
     last_step: int = -(1 << 30)  # the batch size's step count when last measured
 
 
+def batch_kind(sampling_info) -> str:
+    """GREEDY or SAMPLED: which calibration a batch's drafts are read with."""
+    return GREEDY if sampling_info.is_all_greedy else SAMPLED
+
+
 def new_calibration() -> dict:
     """Accepted drafts over the trie's expectation, per kind of batch (1: as scored)."""
     return {GREEDY: 1.0, SAMPLED: 1.0}

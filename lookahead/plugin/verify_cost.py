@@ -88,9 +88,11 @@ class VerifyCost:
             return 0.0
         return max(0.0, cov / var)
 
-    def min_score(self) -> float:
-        """The score below which a node costs more than it is expected to bring."""
+    def min_score(self, calibration: float = 1.0) -> float:
+        """The score below which a node costs more than it is expected to
+        bring, for nodes accepted ``calibration`` times as often as scored
+        (sampled batches accept less of the same drafts than greedy ones)."""
         if self.samples < self.min_samples or self.mean_seconds <= 0:
             return 0.0
         rate = self.mean_committed / self.mean_seconds
-        return min(MAX_MIN_SCORE, self.seconds_per_token * rate)
+        return min(MAX_MIN_SCORE, self.seconds_per_token * rate / max(0.1, calibration))

@@ -46,10 +46,10 @@ from sglang.srt.utils import is_cpu
 
 from lookahead.plugin import hooks as sglang_hooks
 from lookahead.trie.cache import Draft, LookaheadCache
-from lookahead.plugin.verify_cost import MAX_MIN_SCORE, VerifyCost
+from lookahead.plugin.verify_cost import VerifyCost
 from lookahead.plugin.request_feed import RequestFeed
 from lookahead.plugin.server_args import get_lookahead_args
-from lookahead.plugin.step_policy import GREEDY, SAMPLED, StepPolicy, calibrate, new_calibration
+from lookahead.plugin.step_policy import GREEDY, StepPolicy, batch_kind, calibrate, new_calibration
 from lookahead.plugin.penalties import reset_counts
 from lookahead.plugin.verify import LookaheadVerifyInput
 from lookahead.plugin.verify import FALLBACK_WIDTH, VerifyTiers, WidthPlan
@@ -108,8 +108,7 @@ class LookaheadWorker(NGRAMWorker):
         # --speculative-lookahead-max-batch-size auto: measured per step.
         self.policy = StepPolicy(self.args.speculation_bound, local_costs=self.tp_size == 1) \
             if self.args.adaptive else None
-        # Measured acceptance over the trie's scores, greedy and sampled apart
-        # (shared with the policy): the verify-cost floor of sampled batches reads it.
+        # Measured acceptance over the trie's scores, greedy and sampled apart (shared with the policy).
         self.calibration = self.policy.calibration if self.policy is not None else new_calibration()
         self._timed = None  # (batch size, width, start) of the last decode step (for policy and verify_cost)
         # Where widths follow the drafts (no graph tiers), a drafted token must
@@ -117,7 +116,7 @@ class LookaheadWorker(NGRAMWorker):
         # rank must draft the same trees, and its timings are its own.
         self.verify_cost = VerifyCost() if self.plan.free_width and self.tp_size == 1 else None
         self._committed = 0  # tokens the last verify committed
-        self._expected = collections.deque()  # per decode step awaiting its acceptance: (expected drafts, kind)
+        self._expected = collections.deque(maxlen=16)  # per decode step awaiting its acceptance: (expected, kind)
         self._decode_steps = 0
 
         sglang_hooks.install()  # before the scheduler captures any graph
@@ -219,8 +218,7 @@ class LookaheadWorker(NGRAMWorker):
             self.stats.record_step(width, bool(result.can_run_cuda_graph), reason, waited)
             if self._timed is not None:
                 self._timed = (len(batch.reqs), width, self._timed[2])
-            if self.verify_cost is not None or self.policy is not None:
-                self._expected.append((expected, self._kind(batch)))
+            self._expected.append((expected, batch_kind(batch.sampling_info)))
             self.stats.maybe_log(self.cache.stats, self.policy)
         self.draft_token_num = self.speculative_num_draft_tokens
         return result
@@ -238,24 +236,15 @@ class LookaheadWorker(NGRAMWorker):
             if self.verify_cost is not None:
                 self.verify_cost.record(bs * width, self._committed, now - start, bs)
         if self.verify_cost is not None and batch.forward_mode.is_decode():
-            # A node is worth its verify cost when its expected acceptance
-            # (score x calibration) clears the floor. Greedy scores are taken
-            # as they are; sampled batches accept less of the same drafts.
-            floor = self.verify_cost.min_score()
-            if self._kind(batch) == SAMPLED and floor > 0:
-                floor = min(MAX_MIN_SCORE, floor / max(0.1, self.calibration[SAMPLED]))
-            self.cache.min_score = floor
+            # Greedy scores are taken as they are; sampled ones as measured.
+            kind = batch_kind(batch.sampling_info)
+            self.cache.min_score = self.verify_cost.min_score(1.0 if kind == GREEDY else self.calibration[kind])
         self._timed = (None, 1, now) if batch.forward_mode.is_decode() else None
         if self.policy is not None and batch.forward_mode.is_decode() and self.tp_size > 1:
             self._decode_steps += 1
             if self._decode_steps % POLICY_SYNC_STEPS == 0:
                 # Every rank decides from rank 0's measurements, adopted at the same step.
                 self.policy.adopt(get_parallel().tp_group.broadcast_object(self.policy.measured_table(), src=0))
-
-    @staticmethod
-    def _kind(batch: ScheduleBatch) -> str:
-        """GREEDY or SAMPLED: which calibration a batch's drafts are read with."""
-        return GREEDY if batch.sampling_info.is_all_greedy else SAMPLED
 
     def _update_ngram_corpus(self, batch: ScheduleBatch):
         # The trie is fed before drafting (_prepare_draft_tokens), not after verify.
@@ -307,7 +296,8 @@ class LookaheadWorker(NGRAMWorker):
         # reach the trie when speculation resumes, or when the request ends.
         reason, drafts, expected = "fallback", None, None
         speculates = self.plan.speculates(bs)
-        drafting = speculates and (self.policy is None or self.policy.wants_drafts(bs, self._kind(batch)))
+        kind = batch_kind(batch.sampling_info)
+        drafting = speculates and (self.policy is None or self.policy.wants_drafts(bs, kind))
         if speculates and batch.sampling_info.has_custom_logit_processor:
             # A processor sees a request's committed output (``__req__``), not a
             # tree node's path: such a batch decodes one token per request.
@@ -328,7 +318,7 @@ class LookaheadWorker(NGRAMWorker):
             expected = sum(d.expected for d in drafts) if drafts is not None else 0.0
             reason = "verify" if drafts is not None else "no_draft"
         if self.policy is not None and reason != "custom_logit_processor":
-            decision = self.policy.decide(bs, expected, self._kind(batch))
+            decision = self.policy.decide(bs, expected, kind)
             reason = decision.reason
             if not decision.speculate:
                 drafts = None

@@ -18,7 +18,7 @@ import os
 import secrets
 import threading
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any, Hashable, NamedTuple, Optional, Sequence
 
 import numpy as np
@@ -32,6 +32,7 @@ from lookahead.trie.answers import AnswerMemo, fingerprint, follow
 from lookahead.trie.config import LookaheadConfig, check_number
 from lookahead.trie.corpora import CorpusOverBudget, CorpusSet
 from lookahead.trie.draft_log import DRAFT_LOG_ENV, DraftLog
+from lookahead.trie.requests import Request, share_tail
 from lookahead.trie.saving import FORMAT_VERSION, Saver, split_corpora, split_scopes
 from lookahead.trie.scopes import PRIVATE, Drop, ScopeBudget, check_scope
 from lookahead.trie.tokens import MAX_TOKEN_ID, check_budget
@@ -65,42 +66,6 @@ class Draft(NamedTuple):
 
     def __len__(self) -> int:  # number of draft tokens
         return len(self.tokens)
-
-
-@dataclass
-class _Request:
-    store: TokenStore  # the prompt, then the output as it is accepted
-    prompt_len: int
-    shared_upto: int  # store position up to which the output is in the shared history
-    scope: Any = None  # its scope's key (PRIVATE: it shares nothing)
-    corpora: Optional[frozenset] = None  # the corpora it chose (None: all it may see)
-    # Its shared stores besides its history (the corpora it drafts from), as of corpus generation ``view_gen``.
-    view: tuple = ()
-    view_gen: int = -1
-    tail: int = 0  # prompt tokens shared before its output (see share_tail)
-    print_: int = 0  # its prompt's fingerprint (lookahead.trie.answers)
-    answer: Optional[np.ndarray] = None  # the answer its prompt got before, while its output follows it
-    group: Optional[list] = None  # the live requests of its scope with the same prompt, itself included
-
-
-def share_tail(prompt: np.ndarray, config: LookaheadConfig) -> int:
-    """How many of the prompt's last tokens go into the shared history
-    before its output: ``share_prompt_tail``, or ``share_tail_margin`` past
-    the longest suffix of the prompt that also occurs earlier in it, at most
-    ``max_match_len``."""
-    tail = config.share_prompt_tail
-    n = len(prompt)
-    if config.share_tail_margin == 0 or n < 2:
-        return tail
-    limit = max(0, min(n - 1, config.max_match_len - config.share_tail_margin))
-    # Ends of the earlier occurrences of the prompt's last k tokens, k = 1, 2, ...
-    ends = np.flatnonzero(prompt[:-1] == prompt[-1])
-    k = 0
-    while ends.size and k < limit:
-        k += 1
-        ends = ends[ends >= k]
-        ends = ends[prompt[ends - k] == prompt[n - 1 - k]]
-    return max(tail, min(k + config.share_tail_margin, config.max_match_len))
 
 
 class LookaheadCache:
@@ -139,7 +104,7 @@ class LookaheadCache:
         # dict lookup per request and step; a dropped store lives on while
         # a draft holds it).  Kept in step with the budget's scopes.
         self._histories: dict[Any, TokenStore] = {}
-        self._requests: dict[Hashable, _Request] = {}
+        self._requests: dict[Hashable, Request] = {}
         self._groups: dict[tuple, list] = {}  # (scope, prompt fingerprint) -> live rids, in arrival order
         self._lock = threading.Lock()
         self._inserter = Inserter(config.background)
@@ -206,7 +171,7 @@ class LookaheadCache:
                 # other's output as it is written, not only once it is shared.
                 group = self._groups.setdefault((scope, print_), [])
                 group.append(rid)
-            self._requests[rid] = _Request(store, len(arr), len(arr), scope if share else PRIVATE, corpora,
+            self._requests[rid] = Request(store, len(arr), len(arr), scope if share else PRIVATE, corpora,
                                            tail=share_tail(arr, self.config) if share else 0, print_=print_,
                                            answer=self._answers.recall(scope, print_) if remembers else None,
                                            group=group)
@@ -241,7 +206,7 @@ class LookaheadCache:
         if self.config.share_outputs:
             self._share(req)
 
-    def _share(self, req: _Request) -> None:
+    def _share(self, req: Request) -> None:
         # A separator keeps n-grams from spanning requests; the tokens just
         # before the new output (the prompt's tail, or the last shared output)
         # give its first tokens their context.
@@ -368,7 +333,7 @@ class LookaheadCache:
                                               one_branch, self._draft_config, self._max_id)
         return draft if req.answer is None else self._follow_answer(req, context, budget, draft)
 
-    def _follow_answer(self, req: _Request, context: Any, budget: int, draft: Draft) -> Draft:
+    def _follow_answer(self, req: Request, context: Any, budget: int, draft: Draft) -> Draft:
         # The request's prompt got this answer before (lookahead.trie.answers):
         # draft it while the output follows it; past that, forget it.
         tokens = follow(req.answer, context, req.store.appended - req.prompt_len, budget)
@@ -381,7 +346,7 @@ class LookaheadCache:
         return Draft(tokens, list(range(-1, len(tokens) - 1)),
                      sum(ANSWER_ODDS ** (i + 1) for i in range(len(tokens))))
 
-    def _shared_of(self, req: _Request, rid: Hashable = None):
+    def _shared_of(self, req: Request, rid: Hashable = None):
         # What the request drafts from besides its own store: its history,
         # the stores of its group's latest other live requests, and its
         # corpora if any exist.

@@ -85,8 +85,11 @@ and then its outputs.  Outputs are *shared* (appended to the request's
 scope's history as ``[-1] + context + new output``) every ``flush_tokens``
 tokens and at ``finish``; the context is the last ``share_tail`` (see
 there) prompt tokens the first time and the last ``max(orders)`` tokens
-afterwards.  A request drafts from its own store and its scope's history;
-a request put with ``share=False`` shares nothing and drafts from no history.
+afterwards.  A request drafts from its own store and its scope's history,
+then the stores of the (at most ``GROUP_PEERS``) latest other live requests
+of its scope with the same prompt (its group: the samples of one prompt), as
+if they were more history; a request put with ``share=False`` shares nothing
+and drafts from no history.
 How big each history is (``Resize``) and which are dropped (``Drop``) is
 ``lookahead.trie.scopes.ScopeBudget``'s decision, in plain Python, taken before
 each share; the model applies the same decisions.
@@ -610,6 +613,7 @@ class RefCache:
         self.requests: dict = {}
         self.corpora: dict = {}  # id -> (scope, [RefStore pieces])
         self.answers: dict = {}  # (scope, prompt) -> the first 64 tokens of its latest answer, oldest used first
+        self.groups: dict = {}  # (scope, prompt) -> its live requests' rids, in arrival order
 
     def add_corpus(self, corpus_id, stream, scope=None) -> None:
         """A corpus (one stream, -1 between documents), cut into pieces as
@@ -655,6 +659,8 @@ class RefCache:
         req = self.requests[rid] = RefRequest(store, len(tokens), len(tokens), scope, share,
                                               None if corpora is None else frozenset(corpora),
                                               share_tail(tokens, self.config), tuple(tokens))
+        if share and self.config.share_outputs and tokens:
+            self.groups.setdefault((scope, req.prompt), []).append(rid)
         if share and self.config.share_outputs and (scope, req.prompt) in self.answers:
             req.answer = self.answers.pop((scope, req.prompt))
             self.answers[(scope, req.prompt)] = req.answer
@@ -669,6 +675,11 @@ class RefCache:
 
     def finish(self, rid) -> None:
         req = self.requests.pop(rid)
+        group = self.groups.get((req.scope, req.prompt))
+        if group is not None and rid in group:
+            group.remove(rid)
+            if not group:
+                del self.groups[(req.scope, req.prompt)]
         if req.share and self.config.share_outputs:
             self._share(req)
 
@@ -702,8 +713,12 @@ class RefCache:
         req = self.requests[rid]
         history = self.history(req.scope) if req.share else None
         corpora = self.corpus_stores(req)
-        out = draft(req.store, [history] + corpora if corpora else history, context, budget,
-                    one_branch, self.params)
+        # The group's latest other live requests (the same prompt in the same
+        # scope: the samples of one RL prompt), read like the history.
+        group = self.groups.get((req.scope, req.prompt), []) if req.share else []
+        peers = [self.requests[r].store for r in reversed(group) if r != rid][:GROUP_PEERS]
+        shared = [history] + peers + corpora if corpora or peers else history
+        out = draft(req.store, shared, context, budget, one_branch, self.params)
         if req.answer is not None:
             tokens = follow_answer(req.answer, [int(t) for t in context], req.store.n - req.prompt_len, budget)
             if tokens is None:
@@ -714,6 +729,7 @@ class RefCache:
 
 
 ANSWER_KEEP = 64  # answer tokens remembered per prompt
+GROUP_PEERS = 3  # live requests of the same prompt a request drafts from
 
 
 def follow_answer(answer: list, context: list, given: int, budget: int):

@@ -240,7 +240,8 @@ def test_width_one_verify_applies_a_custom_logit_processor_as_plain_decoding(cpu
         custom_logit_processor={1: ProcessorEntry(_BanArgmax(), rows, torch.tensor(rows))},
         custom_params=[{}, None, {}, None],
         temperatures=torch.full((bs, 1), 0.7), top_ks=torch.ones(bs, dtype=torch.int32),
-        top_ps=torch.ones(bs), min_ps=torch.zeros(bs), need_min_p_sampling=False)
+        top_ps=torch.ones(bs), min_ps=torch.zeros(bs), need_min_p_sampling=False, need_top_k_sampling=True,
+        need_top_p_sampling=False, max_top_k=1, sampling_seed=None)
     grammar = _BanTokens([5])
     batch = SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY, seq_lens=torch.full((bs,), 9),
                             sampling_info=info, device="cpu", return_logprob=False,

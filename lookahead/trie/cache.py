@@ -223,6 +223,29 @@ class LookaheadCache:
         if self.config.share_outputs:
             self._share(req)
 
+    def put_finished(self, prompt: Any, output: Any, *, scope: Optional[str] = None) -> None:
+        """A request finished elsewhere (another replica of a fleet): its
+        text enters ``scope``'s shared history as :meth:`finish` shares a
+        request served here (the output, after the prompt's tail as its
+        context; the answer, for a later request with the same prompt), in
+        the background.  The whole prompt is read only for its tail and
+        fingerprint: it is not indexed, as no request drafts from it."""
+        scope = check_scope(scope)
+        p = read_tokens(prompt, self._max_id, "prompt")
+        out = read_tokens(output, self._max_id, "output")
+        if not self.config.share_outputs or len(out) == 0:
+            return
+        tail = share_tail(p, self.config)
+        head = p[max(0, len(p) - max(tail, 1)):]
+        store = TokenStore(len(head) + len(out) + 16, False, self.config.orders)
+        store.append_tokens(np.concatenate([head, out]), False)  # a copy source only: never indexed
+        remembers = self._answers.entries > 0 and len(p) > 0
+        req = _Request(store, len(head), len(head), scope, tail=min(tail, len(head)),
+                       print_=fingerprint(p) if remembers else 0)
+        with self._lock:
+            self._budget.touch(scope)
+        self._share(req)
+
     def _share(self, req: _Request) -> None:
         # A separator keeps n-grams from spanning requests; the tokens just
         # before the new output (the prompt's tail, or the last shared output)

@@ -70,6 +70,7 @@ from lookahead.trie.config import (
     check_memory,
     option_error,
 )
+from lookahead.plugin import share as _share
 
 logger = logging.getLogger(__name__)
 
@@ -138,6 +139,8 @@ _match_len_arg = _cli(lambda value: check_int(value, 1))
 _memory_mb_arg = _cli(lambda value: check_memory(value, unit="MiB"))
 _path_arg = _cli(check_path, integer=False)
 _isolation_arg = _cli(lambda value: check_isolation(value, ""), integer=False)
+_share_url_arg = _cli(_share.check_url, integer=False)
+_share_maxlen_arg = _cli(_share.check_maxlen)
 
 
 # --------------------------------------------------------------------------
@@ -270,6 +273,17 @@ class LookaheadServerArgs(_original_server_args_class()):
             type_parser=_isolation_arg,
         ),
     ] = DEFAULT_ISOLATION
+    speculative_lookahead_share: A[Optional[str], Arg(
+        help="LOOKAHEAD only. Share the trie's history with every replica started with the same URL and "
+        "--served-model-name (servers behind a router, --dp-size ranks) through a Redis Stream at this URL "
+        "(redis://[user:password@]host:port/db): each publishes the text of the requests it finishes, with "
+        "their isolation scope, and inserts the others' in the background. Drafting never waits on it; "
+        "while Redis is down a replica drafts from its own history. Needs pip install 'sglang-lookahead[share]'.",
+        type_parser=_share_url_arg)] = None
+    speculative_lookahead_share_maxlen: A[int, Arg(
+        help="LOOKAHEAD only. With --speculative-lookahead-share: the stream keeps about this many finished "
+        "requests (XADD MAXLEN ~); a new replica reads them at start.",
+        type_parser=_share_maxlen_arg)] = _share.DEFAULT_MAXLEN
 
     def resolve_once(self) -> None:
         """Resolve as ``ServerArgs`` does, then warn about LOOKAHEAD options
@@ -291,6 +305,8 @@ _FIELD_TO_ATTR = {
     "speculative_lookahead_isolation": "isolation",
     "speculative_lookahead_corpus": "corpus",
     "speculative_lookahead_corpus_memory_mb": "corpus_memory_mb",
+    "speculative_lookahead_share": "share",
+    "speculative_lookahead_share_maxlen": "share_maxlen",
 }
 # Options the hybrid (EAGLE + --speculative-lookahead-hybrid) uses as well: they
 # configure the trie.
@@ -338,6 +354,8 @@ class LookaheadArgs:
     isolation: str = DEFAULT_ISOLATION
     corpus: tuple = ()  # --speculative-lookahead-corpus paths
     corpus_memory_mb: Optional[int] = None
+    share: Optional[str] = None  # --speculative-lookahead-share URL
+    share_maxlen: int = _share.DEFAULT_MAXLEN
 
     def __post_init__(self):
         def is_int(value):
@@ -370,6 +388,9 @@ class LookaheadArgs:
         object.__setattr__(self, "corpus", tuple(os.fspath(p) for p in corpus))
         if self.corpus_memory_mb is not None:
             check_memory(self.corpus_memory_mb, "--speculative-lookahead-corpus-memory-mb", unit="MiB")
+        if self.share is not None:
+            _share.check_url(self.share, "--speculative-lookahead-share")
+        _share.check_maxlen(self.share_maxlen, "--speculative-lookahead-share-maxlen")
 
     @property
     def draft_budget(self) -> int:

@@ -55,6 +55,7 @@ from lookahead.plugin.verify import LookaheadVerifyInput
 from lookahead.plugin.verify import FALLBACK_WIDTH, VerifyTiers, WidthPlan
 from lookahead.plugin.verify import full_verify_mask, pack_drafts
 from lookahead.plugin.stats import StepStats
+from lookahead.plugin.share import start_for_worker as start_share
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +125,7 @@ class LookaheadWorker(NGRAMWorker):
         self.cache = self._load_cache()
         self.max_trie_depth = self.cache.config.max_match_len  # context tokens a draft reads
         self.feed = RequestFeed(self.cache, on_finish=self._finished, isolation=self.args.isolation)
+        self.share = start_share(self, server_args)  # --speculative-lookahead-share (lookahead.plugin.share)
         self.stats = StepStats()
         if getattr(server_args, "enable_metrics", False):
             from lookahead.plugin.stats import LookaheadMetrics
@@ -518,6 +520,7 @@ class LookaheadWorker(NGRAMWorker):
         # corpus manager waits for all of them, see lookahead.plugin.corpus_server).
         loaded = self.cache.add_corpus(corpus_id, token_chunks, scope, publish=self.tp_size == 1)
         self._dirty = True
+        self.share.publish_corpus_add(corpus_id, token_chunks, scope)  # to the fleet's other servers
         return loaded
 
     def commit_corpus_load(self, corpus_id: str, loaded_token_count: int) -> None:
@@ -530,6 +533,7 @@ class LookaheadWorker(NGRAMWorker):
     def remove_external_corpus(self, corpus_id: str) -> None:
         self.cache.remove_corpus(corpus_id)
         self._dirty = True
+        self.share.publish_corpus_remove(corpus_id)
         self.save_trie()
 
     def list_external_corpora(self) -> dict:
@@ -591,4 +595,4 @@ class LookaheadWorker(NGRAMWorker):
 
     def lookahead_stats(self) -> dict:
         """Steps by path, acceptance and trie size (for benchmarks and metrics)."""
-        return {**self.stats.snapshot(), "trie": self.cache.stats()}
+        return {**self.stats.snapshot(), "trie": self.cache.stats(), **self.share.stats_entry()}

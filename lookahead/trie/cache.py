@@ -224,12 +224,10 @@ class LookaheadCache:
             self._share(req)
 
     def put_finished(self, prompt: Any, output: Any, *, scope: Optional[str] = None) -> None:
-        """A request finished elsewhere (another replica of a fleet): its
-        text enters ``scope``'s shared history as :meth:`finish` shares a
-        request served here (the output, after the prompt's tail as its
-        context; the answer, for a later request with the same prompt), in
-        the background.  The whole prompt is read only for its tail and
-        fingerprint: it is not indexed, as no request drafts from it."""
+        """A request finished elsewhere (another replica of a fleet) enters
+        ``scope``'s history as :meth:`finish` shares one served here (the
+        output after the prompt's tail; the answer to its prompt), in the
+        background.  The prompt is not indexed: no request drafts from it."""
         scope = check_scope(scope)
         p = read_tokens(prompt, self._max_id, "prompt")
         out = read_tokens(output, self._max_id, "output")

@@ -210,6 +210,9 @@ def test_cli_parses_the_options(plugin, model_dir, tmp_path):
         ("--speculative-lookahead-memory-mb", "0", "must be an integer >= 1, got 0"),
         ("--speculative-lookahead-path", " ", "must be a non-empty file path"),
         ("--speculative-lookahead-isolation", "tenant", "must be one of salt, none, request, got 'tenant'"),
+        ("--speculative-lookahead-share", "http://h:6379", "must start with redis://, rediss:// or unix://, got http://h:6379"),
+        ("--speculative-lookahead-share", "redis://u:pw@h:6379/x", "needs a database number after the host (redis://host:6379/0), got redis://u:***@h:6379/x"),
+        ("--speculative-lookahead-share-maxlen", "0", "must be an integer >= 1 (stream entries kept), got 0"),
     ],
 )
 def test_cli_rejects_bad_values(plugin, model_dir, capsys, flag, value, message):
@@ -296,6 +299,8 @@ def test_allowed_edge_combinations(plugin, model_dir):
         ({"speculative_one_branch": "yes"}, "--speculative-one-branch must be a bool"),
         ({"speculative_lookahead_path": ""}, "--speculative-lookahead-path must be a non-empty file path"),
         ({"speculative_lookahead_isolation": "tenant"}, "--speculative-lookahead-isolation must be one of salt, none, request, got 'tenant'"),
+        ({"speculative_lookahead_share": "redis:/h"}, "--speculative-lookahead-share needs a host (redis://host:6379/0), got redis:/h"),
+        ({"speculative_lookahead_share_maxlen": 0}, "--speculative-lookahead-share-maxlen must be an integer >= 1"),
         ({"page_size": 16}, "only supported by the 'flashinfer' attention backend"),
         ({"page_size": 16, "speculative_one_branch": True}, "LOOKAHEAD on CPU needs --page-size 1 (got 16)"),
         ({"attention_backend": "torch_native"}, "torch_native attention backend does not support"),
@@ -544,7 +549,7 @@ def test_spawned_child_and_engine_keywords(fresh_processes):
     assert (
         "CHILD_ARGS LookaheadArgs(num_draft_tokens=5, one_branch=True, "
         "max_batch_size=2, max_match_len=12, memory_mb=None, path=None, isolation='salt', "
-        "corpus=(), corpus_memory_mb=None)"
+        "corpus=(), corpus_memory_mb=None, share=None, share_maxlen=20000)"
     ) in out
     assert "PLUGIN_LOADED True HEAVY []" in out, out[-3000:]
     assert "ENGINE_ERROR --speculative-lookahead-path: directory" in out, out[-3000:]

@@ -139,8 +139,6 @@ _match_len_arg = _cli(lambda value: check_int(value, 1))
 _memory_mb_arg = _cli(lambda value: check_memory(value, unit="MiB"))
 _path_arg = _cli(check_path, integer=False)
 _isolation_arg = _cli(lambda value: check_isolation(value, ""), integer=False)
-_share_url_arg = _cli(_share.check_url, integer=False)
-_share_maxlen_arg = _cli(_share.check_maxlen)
 
 
 # --------------------------------------------------------------------------
@@ -277,13 +275,21 @@ class LookaheadServerArgs(_original_server_args_class()):
         help="LOOKAHEAD only. Share the trie's history with every replica started with the same URL and "
         "--served-model-name (servers behind a router, --dp-size ranks) through a Redis Stream at this URL "
         "(redis://[user:password@]host:port/db): each publishes the text of the requests it finishes, with "
-        "their isolation scope, and inserts the others' in the background. Drafting never waits on it; "
-        "while Redis is down a replica drafts from its own history. Needs pip install 'sglang-lookahead[share]'.",
-        type_parser=_share_url_arg)] = None
-    speculative_lookahead_share_maxlen: A[int, Arg(
-        help="LOOKAHEAD only. With --speculative-lookahead-share: the stream keeps about this many finished "
-        "requests (XADD MAXLEN ~); a new replica reads them at start.",
-        type_parser=_share_maxlen_arg)] = _share.DEFAULT_MAXLEN
+        "their isolation scope, and inserts the others' in the background; drafting never waits on it. "
+        "Needs pip install 'sglang-lookahead[share]'.", type_parser=_cli(_share.check_url, integer=False))] = None
+    speculative_lookahead_share_maxlen: A[int, Arg(help="LOOKAHEAD only. With --speculative-lookahead-share: the "
+        "stream keeps about this many finished requests (XADD MAXLEN ~); a new replica reads them at start.",
+        type_parser=_cli(_share.check_maxlen))] = _share.DEFAULT_MAXLEN
+
+    def resolved_dict(self) -> dict:  # the share URL's password: out of logs, /server_info, the launch command
+        return _share.mask_in(super().resolved_dict(), self.speculative_lookahead_share)
+
+    def __repr__(self) -> str:
+        return _share.mask_in(super().__repr__(), self.speculative_lookahead_share)
+
+    @property
+    def launch_command(self):
+        return _share.mask_in(super().launch_command, self.speculative_lookahead_share)
 
     def resolve_once(self) -> None:
         """Resolve as ``ServerArgs`` does, then warn about LOOKAHEAD options
@@ -388,9 +394,7 @@ class LookaheadArgs:
         object.__setattr__(self, "corpus", tuple(os.fspath(p) for p in corpus))
         if self.corpus_memory_mb is not None:
             check_memory(self.corpus_memory_mb, "--speculative-lookahead-corpus-memory-mb", unit="MiB")
-        if self.share is not None:
-            _share.check_url(self.share, "--speculative-lookahead-share")
-        _share.check_maxlen(self.share_maxlen, "--speculative-lookahead-share-maxlen")
+        _share.check_options(self.share, self.share_maxlen)
 
     @property
     def draft_budget(self) -> int:

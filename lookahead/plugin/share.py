@@ -40,8 +40,8 @@ Entry fields (bytes): ``v`` (format, ``1``), ``kind`` (``text``,
 (its server: data-parallel ranks of one server share it), ``vocab`` (its
 vocabulary size), ``scope`` (JSON: null or the scope key), ``t`` (publish
 time, Unix seconds); ``prompt`` and ``output`` (little-endian int32 ids) for
-text; ``corpus`` (its id) and ``tokens`` (int32 ids, ``-1`` between
-documents) for ``corpus+``, ``corpus`` for ``corpus-``.
+text; ``corpus`` (its id) and ``tokens`` (its token stream, int32, ``-1``
+between documents) for ``corpus+``, ``corpus`` for ``corpus-``.
 """
 
 from __future__ import annotations
@@ -96,6 +96,18 @@ def mask_url(url: str) -> str:
     return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))
 
 
+def mask_in(value: Any, url: Optional[str]) -> Any:
+    """``value`` (text, or a dict of server args as logged and served at
+    ``/server_info``) with ``url`` in its masked form."""
+    if not url or mask_url(url) == url:
+        return value
+    if isinstance(value, str):
+        return value.replace(url, mask_url(url))
+    if isinstance(value, dict):
+        return {k: mask_in(v, url) for k, v in value.items()}
+    return value
+
+
 def check_url(value: Any, name: str = "") -> str:
     """A Redis URL: ``redis://[user:password@]host[:port][/db]`` (``rediss://``
     for TLS, ``unix:///path.sock``); a ``ValueError`` naming ``name``
@@ -126,6 +138,13 @@ def check_maxlen(value: Any, name: str = "") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise option_error(name, f"must be an integer >= 1 (stream entries kept), got {value!r}")
     return value
+
+
+def check_options(url: Optional[str], maxlen: int) -> None:
+    """The two flags' values (the server args' checks)."""
+    if url is not None:
+        check_url(url, "--speculative-lookahead-share")
+    check_maxlen(maxlen, "--speculative-lookahead-share-maxlen")
 
 
 def require_client():
@@ -201,7 +220,7 @@ class FleetShare:
 
     def __init__(self, url: str, model: str, cache, *, maxlen: int = DEFAULT_MAXLEN, vocab: Optional[int] = None,
                  group: str = "", read: bool = True, queue_entries: int = QUEUE_ENTRIES,
-                 client_factory: Optional[Callable[[], Any]] = None):
+                 client_factory: Optional[Callable[[], Any]] = None, metrics_labels: Optional[dict] = None):
         check_url(url, "--speculative-lookahead-share")
         self.url = url
         self.masked = mask_url(url)
@@ -229,6 +248,8 @@ class FleetShare:
         self.counts = collections.Counter()
         self._last_summary = time.monotonic()
         self._threads = []
+        self._metrics = None if metrics_labels is None else ShareMetrics({**metrics_labels,
+                                                                          "replica": self.replica.decode()})
 
     # -- the scheduler's side: never blocks on the network, never raises ------
 
@@ -320,6 +341,7 @@ class FleetShare:
                     pipe.xadd(self.stream, self._fields(item), maxlen=self.maxlen, approximate=True)
                 pipe.execute()
                 self.counts["published"] += sum(1 for item in batch if item[0] == b"text")
+                self._export()
                 self._reachable()
                 delay = BACKOFF_FIRST
             except Exception as exc:
@@ -341,13 +363,9 @@ class FleetShare:
         else:
             fields[b"corpus"] = a.encode()
             if kind == b"corpus+":
-                pieces = []
-                for chunk in b:
-                    ids = np.asarray(chunk, dtype=np.int64)
-                    # Any boundary a corpus may hold (-1 or -2**31) travels as -1.
-                    pieces += [np.where(ids < 0, SEPARATOR, ids), np.array([SEPARATOR])]
-                tokens = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
-                fields[b"tokens"] = _as_bytes(tokens)
+                # Consecutive pieces of one token stream; any document boundary (-1 or -2**31) travels as -1.
+                ids = np.concatenate([np.asarray(c, dtype=np.int64) for c in b]) if b else np.zeros(0, np.int64)
+                fields[b"tokens"] = _as_bytes(np.where(ids < 0, SEPARATOR, ids))
         return fields
 
     @staticmethod
@@ -378,6 +396,7 @@ class FleetShare:
             if entries:
                 last = entries[-1][0]
                 self._apply(entries)
+                self._export()
             self._summary()
 
     def _apply(self, entries) -> None:
@@ -445,6 +464,13 @@ class FleetShare:
                     "malformed %d, foreign %d", s["received"], s["published"], s["lag_ms_p50"], s["lag_ms_p99"],
                     s["dropped"], s["malformed"], s["foreign"])
 
+    def _export(self) -> None:
+        if self._metrics is not None:
+            try:
+                self._metrics.update(self.stats())
+            except Exception:  # metrics are no reason to stop sharing
+                self.counts["errors"] += 1
+
     def stats_entry(self) -> dict:
         """The worker's ``lookahead_stats`` entry."""
         return {"share": self.stats()}
@@ -464,6 +490,36 @@ def server_group(server_args) -> str:
     return f"{socket.gethostname()}:{os.getppid()}:{getattr(server_args, 'port', '')}"
 
 
+class ShareMetrics:
+    """Prometheus gauges (``--enable-metrics``): the entries by what became
+    of them, and the commit-to-draft lag's p50 and p99."""
+
+    COUNTS = ("published", "received", "dropped", "malformed", "foreign", "outages")
+
+    def __init__(self, labels: dict):
+        from prometheus_client import Gauge  # after SGLang set PROMETHEUS_MULTIPROC_DIR
+
+        names = list(labels)
+        entries = Gauge("sglang:lookahead_share_entries",
+                        "LOOKAHEAD --speculative-lookahead-share: finished requests published, received "
+                        "(inserted here), dropped (the publish queue overflowed while Redis was down), "
+                        "malformed or foreign (skipped); outages: times Redis became unreachable.",
+                        names + ["what"], multiprocess_mode="mostrecent")
+        lag = Gauge("sglang:lookahead_share_lag_ms",
+                    "LOOKAHEAD --speculative-lookahead-share: milliseconds from a request's commit on "
+                    "another replica to its text being available to drafts here (recent entries).",
+                    names + ["quantile"], multiprocess_mode="mostrecent")
+        self._entries = {what: entries.labels(**labels, what=what) for what in self.COUNTS}
+        self._lag = {q: lag.labels(**labels, quantile=q) for q in ("0.5", "0.99")}
+
+    def update(self, stats: dict) -> None:
+        for what, gauge in self._entries.items():
+            gauge.set(stats[what])
+        if stats["received"]:
+            self._lag["0.5"].set(stats["lag_ms_p50"])
+            self._lag["0.99"].set(stats["lag_ms_p99"])
+
+
 class NoShare:
     """A replica that shares nothing: what the worker holds without the flag."""
 
@@ -475,6 +531,13 @@ class NoShare:
 
     def publish_corpus_remove(self, corpus_id) -> None:
         pass
+
+    def _export(self) -> None:
+        if self._metrics is not None:
+            try:
+                self._metrics.update(self.stats())
+            except Exception:  # metrics are no reason to stop sharing
+                self.counts["errors"] += 1
 
     def stats_entry(self) -> dict:
         return {}
@@ -495,8 +558,9 @@ def start_for_worker(worker, server_args):
                     "through %s", mask_url(args.share))
         return NoShare()
     model = getattr(server_args, "served_model_name", None) or server_args.model_path
+    labels = {"model_name": model} if getattr(server_args, "enable_metrics", False) else None
     share = FleetShare(args.share, model, worker.cache, maxlen=args.share_maxlen,
-                       vocab=worker.cache.config.vocab_size, group=server_group(server_args))
+                       vocab=worker.cache.config.vocab_size, group=server_group(server_args), metrics_labels=labels)
     worker.feed.on_text = share.publish_text
     return share.start()
 

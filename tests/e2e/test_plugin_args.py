@@ -14,6 +14,7 @@ discovery path as an installed package), so they need no ``pip install``.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pickle
@@ -563,3 +564,19 @@ def test_other_sglang_versions_are_refused():
     check_sglang_version()  # and it is the one installed here
     with pytest.raises(RuntimeError, match=r"supports sglang==0\.5\.23 only, but sglang 0\.5\.24"):
         check_sglang_version("0.5.24")
+
+
+def test_share_url_password_stays_out_of_logged_and_served_args(plugin, model_dir):
+    from sglang.srt.server_args import prepare_server_args
+
+    from lookahead.plugin.server_args import get_lookahead_args
+
+    url = "redis://fleet:hunter2-secret@10.0.0.5:6379/3"
+    args = prepare_server_args(["--model-path", model_dir, "--speculative-algorithm", "LOOKAHEAD",
+                                "--speculative-lookahead-share", url, "--speculative-lookahead-share-maxlen", "500"])
+    la = get_lookahead_args(args)
+    assert (la.share, la.share_maxlen) == (url, 500)  # the worker gets the real URL
+    masked = "redis://fleet:***@10.0.0.5:6379/3"
+    for shown in (repr(args), json.dumps(args.resolved_dict(), default=str), str(args.launch_command)):
+        assert "hunter2-secret" not in shown
+    assert masked in repr(args) and args.resolved_dict()["speculative_lookahead_share"] == masked

@@ -213,11 +213,17 @@ def test_corpus_control_entries_reach_other_servers_only(broker, replicas):
     a = replicas(broker.url(), "corpora", group="server-1")
     same_server = replicas(broker.url(), "corpora", group="server-1")
     other = replicas(broker.url(), "corpora", group="server-2")
-    a.share.publish_corpus_add("docs", [[5, 6, 7, 8], [9, 10, -2**31, 11]], "cache_salt:alice")
+    chunks = [[5, 6, 7, 8], [9, 10, -2**31, 11]]
+    a.share.publish_corpus_add("docs", chunks, "cache_salt:alice")
     assert _wait(lambda: other.share.stats()["corpora_added"] == 1), other.share.stats()
     assert _wait(lambda: other.cache.corpora().get("docs", {}).get("state") == "ready")
     info = other.cache.corpora()["docs"]
-    assert info["scope"] == "cache_salt:alice" and info["tokens"] >= 9
+    here = LookaheadCache(vocab_size=VOCAB)
+    try:
+        added_here = here.add_corpus("docs", chunks, "cache_salt:alice")
+    finally:
+        here.close()
+    assert info["scope"] == "cache_salt:alice" and info["tokens"] == added_here  # the same token stream
     time.sleep(0.3)
     assert "docs" not in same_server.cache.corpora()  # its server gave it to every rank itself
     a.share.publish_corpus_remove("docs")

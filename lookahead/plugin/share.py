@@ -64,7 +64,7 @@ from lookahead.trie.config import option_error
 logger = logging.getLogger(__name__)
 
 FORMAT = b"1"
-DEFAULT_MAXLEN = 20_000  # stream entries kept (about: MAXLEN ~ trims whole nodes)
+DEFAULT_MAXLEN = 10_000  # stream entries kept (about: MAXLEN ~ trims whole nodes); each holds a prompt and its output
 QUEUE_ENTRIES = 4096  # finished requests that may wait for the broker; beyond, the oldest are dropped
 READ_COUNT = 256  # entries per XREAD
 READ_BLOCK_MS = 1000

@@ -46,13 +46,14 @@ from lookahead.plugin.share import FleetShare  # noqa: E402
 from lookahead.replay import load_trace  # noqa: E402
 
 MODEL = "bench-share"
+MAXLEN = 1000  # the stream's cap: a replica's warm start (not measured) reads at most this many
 
 
 def publisher(url: str, rate: float, traces_dir: str, prompt_len: int, output_len: int) -> None:
     """The other replica: publishes finished requests at ``rate`` per second until killed."""
     import glob
 
-    share = FleetShare(url, MODEL, None, read=False).start()
+    share = FleetShare(url, MODEL, None, read=False, maxlen=MAXLEN).start()
     pairs = []
     for path in sorted(glob.glob(os.path.join(traces_dir, "*.jsonl.gz"))):
         pairs += [(p[-prompt_len:], r[:output_len]) for p, r in load_trace(path, 400)]
@@ -65,19 +66,23 @@ def publisher(url: str, rate: float, traces_dir: str, prompt_len: int, output_le
         time.sleep(max(0.0, next_t - time.monotonic()))
 
 
-def run_case(case: str, batch_size: int, tokens, args, url: str) -> dict:
+def run_case(case: str, batch_size: int, tokens, args, broker) -> dict:
+    url = broker.url()
     side = LookaheadSide(args.budget, 1 << 30)
     side.warm(tokens.warm)
     share = None
     if case == "shared":
-        share = FleetShare(url, MODEL, side.cache, vocab=None).start()
+        backlog = broker.client().xlen(f"lookahead:{MODEL}:history")
+        share = FleetShare(url, MODEL, side.cache, vocab=None, maxlen=MAXLEN).start()
         stop = side.stop
 
         def stop_and_publish(req):  # this replica's finished requests go to the fleet too
             share.publish_text(req.stream[:4096], req.stream[4096: req.pos], None)
             stop(req)
         side.stop = stop_and_publish
-        time.sleep(1.0)  # its warm start over the stream's backlog
+        deadline = time.monotonic() + 60
+        while share.stats()["received"] < 0.9 * backlog and time.monotonic() < deadline:
+            time.sleep(0.05)  # its warm start over the stream's backlog: before the clock, not measured
     batch = Batch(side, tokens, batch_size, f"{case}{batch_size}", args.seed, args.continuation)
     samples = []
     received0 = share.stats()["received"] if share else 0
@@ -139,7 +144,7 @@ def main(argv=None) -> int:
             order = cases[k:] + cases[:k]  # rotated: no case always runs first or last
             res = {}
             for case, b in order:
-                res[f"{case}{b}"] = run_case(case, b, tokens, args, broker.url())
+                res[f"{case}{b}"] = run_case(case, b, tokens, args, broker)
                 print(f"round {rnd + 1} {case} batch {b}: p50 {res[f'{case}{b}']['p50']:.1f} µs "
                       f"({res[f'{case}{b}']['steps']} steps, {res[f'{case}{b}']['received']} entries inserted)",
                       flush=True)

@@ -243,3 +243,39 @@ def test_url_checks_and_the_missing_client(monkeypatch):
     monkeypatch.setitem(sys.modules, "redis", None)
     with pytest.raises(share_mod.ShareUnavailable, match=r"pip install 'sglang-lookahead\[share\]'"):
         share_mod.require_client()
+
+
+def test_start_for_worker_wires_the_feed_and_honours_request_isolation(broker):
+    """The worker's hook: its finished requests (through ``RequestFeed``)
+    reach another replica's trie; ``request`` isolation shares nothing."""
+    from types import SimpleNamespace
+
+    from lookahead.plugin.request_feed import RequestFeed
+    from lookahead.plugin.share import NoShare, start_for_worker
+
+    def worker(isolation):
+        cache = LookaheadCache(vocab_size=VOCAB)
+        args = SimpleNamespace(share=broker.url(), share_maxlen=100, isolation=isolation)
+        return SimpleNamespace(args=args, cache=cache, feed=RequestFeed(cache, isolation=isolation))
+
+    server_args = SimpleNamespace(served_model_name="wired", model_path="/m", port=1, enable_metrics=False)
+    a, b, private = worker("salt"), worker("salt"), worker("request")
+    shares = [start_for_worker(w, server_args) for w in (a, b, private)]
+    try:
+        assert isinstance(shares[2], NoShare) and private.feed.on_text is None
+        prompt, output = _text(7)
+        req = SimpleNamespace(rid="r1", origin_input_ids=prompt.tolist(), origin_input_ids_unpadded=None,
+                              output_ids=[], cache_salt="t", extra_key=None, sampling_params=None,
+                              finished=lambda: True)
+        a.feed.start([req])
+        req.output_ids.extend(output.tolist())
+        a.feed.sync([req])
+        a.feed.finish("r1")
+        assert _wait(lambda: shares[1].stats()["received"] == 1), shares[1].stats()
+        assert _drafted(b.cache, prompt, output, "cache_salt:t") >= 15
+        assert shares[0].stats_entry()["share"]["published"] == 1 and NoShare().stats_entry() == {}
+    finally:
+        for s in shares:
+            s.close()
+        for w in (a, b, private):
+            w.cache.close()

@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.lookahead-installed
 
-.PHONY: venv build model demo test test-unit replay bench wheel clean
+.PHONY: venv build model redis demo test test-unit replay bench wheel clean
 
 venv: $(STAMP)
 
@@ -30,15 +30,23 @@ build:
 model: venv
 	$(PY) tools/real_model.py
 
+# redis-server, for --speculative-lookahead-share's tests (they start their own):
+# Debian's package, installed only where it is missing (apt-get needs root, as in CI).
+redis:
+	@command -v redis-server >/dev/null || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; \
+		else echo "note: redis-server is missing (apt-get install redis-server); the fleet tests will be skipped"; fi; }
+
 demo: venv build model
 	$(PY) benchmarks/demo.py
 
 # Everything: unit tests, then real SGLang engines and servers on the CPU.
-test: venv build model
+test: venv build model redis
 	$(PY) -m pytest tests -v -rs --durations=15
 
 # The unit tests alone: no SGLang engine or server is started.
-test-unit: venv build model
+test-unit: venv build model redis
 	$(PY) -m pytest tests/unit -m "unit and not slow" -q -rs --durations=5
 
 # The acceptance replay on recorded traces: make replay TRACES=DIR, DIR holding *.jsonl.gz token traces.

@@ -82,6 +82,8 @@ setup(
     extras_require={
         "test": ["pytest", "hypothesis", "matplotlib"],
         "gpu": ["flashinfer-python"],
+        # --speculative-lookahead-share: the fleet's history through Redis Streams.
+        "share": ["redis"],
     },
     entry_points={
         "sglang.srt.plugins": ["lookahead = lookahead.plugin:register"],

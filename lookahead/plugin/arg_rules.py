@@ -16,6 +16,7 @@ import logging
 import os
 from typing import Any
 
+from lookahead.plugin.share import check_server_args as check_share_server_args
 from lookahead.plugin.server_args import (
     _SUPPORTED_DEVICES,
     DEFAULT_NUM_DRAFT_TOKENS,
@@ -95,6 +96,7 @@ def handle_lookahead_server_args(server_args: Any) -> None:
             DEFAULT_NUM_DRAFT_TOKENS,
         )
     args = get_lookahead_args(sa)  # raises ValueError on an out-of-range value
+    check_share_server_args(sa, args.share)  # --speculative-lookahead-share: the client, no TP
     if args.path is not None:
         path = _check_path(args.path)
         if path != args.path:

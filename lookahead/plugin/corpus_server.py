@@ -23,6 +23,11 @@ server only):
   ``.jsonl`` of ``{"text"}`` / ``{"input_ids"}``, a directory, a text file),
   then sent to every scheduler (every DP replica) as NGRAM's are.
 
+* a middleware on SGLang's app answers a body of ``/add_external_corpus``
+  or ``/remove_external_corpus`` that is not a JSON object with HTTP 400
+  and a message, as a bad field is answered (SGLang's routes parse it
+  unguarded, so a body such as ``{not json`` was an HTTP 500).
+
 In the scheduler (``install_scheduler_side``, from the worker's constructor):
 
 * ``Scheduler.add_external_corpus`` / ``remove_external_corpus`` /
@@ -208,6 +213,78 @@ async def _list(original, self):
     )
 
 
+CORPUS_POSTS = ("/add_external_corpus", "/remove_external_corpus")
+
+
+class JsonBodyCheck:
+    """ASGI middleware: the corpus endpoints' bodies must be JSON objects.
+
+    The body is read here whole (the routes read it whole too) and handed on
+    unchanged; anything else passes straight through."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("method") != "POST" or scope.get("path") not in CORPUS_POSTS:
+            return await self.app(scope, receive, send)
+        chunks, more = [], True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        problem = body_problem(body)
+        if problem is not None:
+            import json
+
+            content = json.dumps({"success": False, "message": f"{scope['path']}: {problem}"}).encode()
+            await send({"type": "http.response.start", "status": 400,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(content)).encode())]})
+            await send({"type": "http.response.body", "body": content})
+            return
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def body_problem(body: bytes) -> Optional[str]:
+    """Why a corpus request's body cannot be read, or None."""
+    import json
+
+    try:
+        value = json.loads(body)
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        return f"the body must be a JSON object; it is not JSON ({exc})"
+    if not isinstance(value, dict):
+        return f"the body must be a JSON object, got {type(value).__name__}"
+    return None
+
+
+def _install_body_check() -> None:
+    import sys
+
+    if "sglang.srt.entrypoints.http_server" not in sys.modules and "sglang.srt.entrypoints.engine" in sys.modules:
+        return  # an sgl.Engine in this process: no HTTP app to guard (and none to import)
+    from sglang.srt.entrypoints import http_server
+
+    try:
+        # Outermost: the check runs before SGLang's routes parse the body.
+        http_server.app.add_middleware(JsonBodyCheck)
+    except RuntimeError as exc:  # the app is serving already (not a launch_server start)
+        logger.warning("LOOKAHEAD: the corpus endpoints' body check is not installed: %s", exc)
+
+
 def install_tokenizer_side() -> None:
     """Register the HTTP-side hooks (idempotent; applied by ``load_plugins``)."""
     global _tokenizer_side
@@ -226,6 +303,7 @@ def install_tokenizer_side() -> None:
         (f"{mixin}.remove_external_corpus", _remove),
         (f"{mixin}.list_external_corpora", _list),
     ))
+    _install_body_check()
     _tokenizer_side = True
 
 

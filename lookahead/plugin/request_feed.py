@@ -63,6 +63,9 @@ class RequestFeed:
         self.on_finish = on_finish  # called after each request is finished
         self.isolation = check_isolation(_server_isolation() if isolation is None else isolation)
         self._live: dict[Hashable, _Live] = {}
+        # Called with (prompt, output, scope) of each finished request that
+        # shares its text (the fleet's history, lookahead.plugin.share).
+        self.on_text = None
 
     def __len__(self) -> int:
         return len(self._live)
@@ -191,6 +194,10 @@ class RequestFeed:
             except (ValueError, TypeError):
                 pass
         self.cache.finish(rid)
+        if self.on_text is not None:
+            scope, share = self.scope_of(live.req)
+            if share:
+                self.on_text(self.prompt_of(live.req), list(out), scope)
         if self.on_finish is not None:
             self.on_finish(rid)
 

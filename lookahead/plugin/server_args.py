@@ -70,6 +70,7 @@ from lookahead.trie.config import (
     check_memory,
     option_error,
 )
+from lookahead.plugin import share as _share
 
 logger = logging.getLogger(__name__)
 
@@ -270,6 +271,25 @@ class LookaheadServerArgs(_original_server_args_class()):
             type_parser=_isolation_arg,
         ),
     ] = DEFAULT_ISOLATION
+    speculative_lookahead_share: A[Optional[str], Arg(
+        help="LOOKAHEAD only. Share the trie's history with every replica started with the same URL and "
+        "--served-model-name (servers behind a router, --dp-size ranks) through a Redis Stream at this URL "
+        "(redis://[user:password@]host:port/db): each publishes the text of the requests it finishes, with "
+        "their isolation scope, and inserts the others' in the background; drafting never waits on it. "
+        "Needs pip install 'sglang-lookahead[share]'.", type_parser=_cli(_share.check_url, integer=False))] = None
+    speculative_lookahead_share_maxlen: A[int, Arg(help="LOOKAHEAD only. With --speculative-lookahead-share: the "
+        "stream keeps about this many finished requests (XADD MAXLEN ~); a new replica reads them at start.",
+        type_parser=_cli(_share.check_maxlen))] = _share.DEFAULT_MAXLEN
+
+    def resolved_dict(self) -> dict:  # the share URL's password: out of logs, /server_info, the launch command
+        return _share.mask_in(super().resolved_dict(), self.speculative_lookahead_share)
+
+    def __repr__(self) -> str:
+        return _share.mask_in(super().__repr__(), self.speculative_lookahead_share)
+
+    @property
+    def launch_command(self):
+        return _share.mask_in(super().launch_command, self.speculative_lookahead_share)
 
     def resolve_once(self) -> None:
         """Resolve as ``ServerArgs`` does, then warn about LOOKAHEAD options
@@ -291,6 +311,8 @@ _FIELD_TO_ATTR = {
     "speculative_lookahead_isolation": "isolation",
     "speculative_lookahead_corpus": "corpus",
     "speculative_lookahead_corpus_memory_mb": "corpus_memory_mb",
+    "speculative_lookahead_share": "share",
+    "speculative_lookahead_share_maxlen": "share_maxlen",
 }
 # Options the hybrid (EAGLE + --speculative-lookahead-hybrid) uses as well: they
 # configure the trie.
@@ -338,6 +360,8 @@ class LookaheadArgs:
     isolation: str = DEFAULT_ISOLATION
     corpus: tuple = ()  # --speculative-lookahead-corpus paths
     corpus_memory_mb: Optional[int] = None
+    share: Optional[str] = None  # --speculative-lookahead-share URL
+    share_maxlen: int = _share.DEFAULT_MAXLEN
 
     def __post_init__(self):
         def is_int(value):
@@ -370,6 +394,7 @@ class LookaheadArgs:
         object.__setattr__(self, "corpus", tuple(os.fspath(p) for p in corpus))
         if self.corpus_memory_mb is not None:
             check_memory(self.corpus_memory_mb, "--speculative-lookahead-corpus-memory-mb", unit="MiB")
+        _share.check_options(self.share, self.share_maxlen)
 
     @property
     def draft_budget(self) -> int:

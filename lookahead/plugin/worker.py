@@ -55,6 +55,8 @@ from lookahead.plugin.verify import LookaheadVerifyInput
 from lookahead.plugin.verify import FALLBACK_WIDTH, VerifyTiers, WidthPlan
 from lookahead.plugin.verify import full_verify_mask, pack_drafts
 from lookahead.plugin.stats import StepStats
+from lookahead.plugin.share import start_for_worker as start_share
+from lookahead.plugin.worker_corpora import ExternalCorpora
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +77,7 @@ POLICY_SYNC_STEPS = 32
 
 # Replaces NGRAMWorker's private drafting methods (docs/upstream.md).
 # retire when: NGRAM's worker takes a pluggable drafter and a per-step verify width.
-class LookaheadWorker(NGRAMWorker):
+class LookaheadWorker(ExternalCorpora, NGRAMWorker):
     def __init__(
         self,
         server_args: ServerArgs,
@@ -126,6 +128,7 @@ class LookaheadWorker(NGRAMWorker):
         self.cache = self._load_cache()
         self.max_trie_depth = self.cache.config.max_match_len  # context tokens a draft reads
         self.feed = RequestFeed(self.cache, on_finish=self._finished, isolation=self.args.isolation)
+        self.share = start_share(self, server_args)  # --speculative-lookahead-share (lookahead.plugin.share)
         self.stats = StepStats()
         if getattr(server_args, "enable_metrics", False):
             from lookahead.plugin.stats import LookaheadMetrics
@@ -482,70 +485,6 @@ class LookaheadWorker(NGRAMWorker):
             accept_lens=draft_input.accept_lens,
         )
 
-    # -- external corpora (SGLang's ExternalCorpusManager calls these, see lookahead.plugin.corpus_server) --
-
-    def _load_startup_corpora(self) -> None:
-        """--speculative-lookahead-corpus: read, tokenized and indexed on a
-        background thread (drafts use what is indexed so far), unless tensor
-        parallelism needs every rank to see the same corpus at every step:
-        then here, before the first request."""
-        if not self.args.corpus:
-            return
-        if self.tp_size > 1:
-            self._read_startup_corpora()
-        else:
-            threading.Thread(target=self._read_startup_corpora, name="lookahead-corpus-start", daemon=True).start()
-
-    def _read_startup_corpora(self) -> None:
-        from lookahead.trie.corpora import ReadReport, corpus_id_of, read_corpus
-
-        tokenizer = getattr(self._target_worker, "tokenizer", None)
-        encode = None if tokenizer is None else (lambda text: tokenizer.encode(text, add_special_tokens=False))
-        for path in self.args.corpus:
-            corpus_id = corpus_id_of(path)
-            if corpus_id in self.cache.corpora():
-                logger.info("LOOKAHEAD: corpus %s was loaded from %s", corpus_id, self.args.path)
-                continue
-            report = ReadReport()
-            try:
-                chunks = read_corpus(path, encode, self.cache._max_id, report)
-                loaded = self.cache.add_corpus(corpus_id, chunks)
-            except Exception as exc:  # a bad corpus never takes the server down
-                logger.error("LOOKAHEAD: cannot load the corpus %s: %s", path, exc)
-                continue
-            logger.info("LOOKAHEAD: loaded the corpus %s: %d tokens (%s)", path, loaded, report)
-            self._dirty = True
-
-    def add_external_corpus(self, corpus_id: str, token_chunks, scope=None) -> int:
-        # Under tensor parallelism every rank must draft the same trees, and
-        # the ranks' loads end at different times: the corpus is read from
-        # commit_corpus_load, which every rank calls at the same step (the
-        # corpus manager waits for all of them, see lookahead.plugin.corpus_server).
-        loaded = self.cache.add_corpus(corpus_id, token_chunks, scope, publish=self.tp_size == 1)
-        self._dirty = True
-        return loaded
-
-    def commit_corpus_load(self, corpus_id: str, loaded_token_count: int) -> None:
-        # Alone, drafts read a corpus from the start of its load; under tensor
-        # parallelism from here. A completed one is saved.
-        if self.tp_size > 1:
-            self.cache.publish_corpus(corpus_id)
-        self.save_trie()
-
-    def remove_external_corpus(self, corpus_id: str) -> None:
-        self.cache.remove_corpus(corpus_id)
-        self._dirty = True
-        self.save_trie()
-
-    def list_external_corpora(self) -> dict:
-        return {cid: info["tokens"] for cid, info in self.cache.corpora().items()}
-
-    def describe_external_corpora(self) -> str:
-        return "; ".join(f"{cid}: {i['tokens']:,} tokens, {i['bytes']:,} bytes, "
-                         f"{'public' if i['scope'] is None else 'scope ' + i['scope']}, {i['state']}"
-                         f"{'' if i['published'] else ' (drafted from once every rank has it)'}"
-                         for cid, i in self.cache.corpora().items())
-
     # -- request lifecycle and persistence ---------------------------------------------
 
     def _finished(self, rid) -> None:
@@ -596,5 +535,5 @@ class LookaheadWorker(NGRAMWorker):
 
     def lookahead_stats(self) -> dict:
         """Steps by path, acceptance and trie size (for benchmarks and metrics)."""
-        return {**self.stats.snapshot(), "trie": self.cache.stats(),
+        return {**self.stats.snapshot(), "trie": self.cache.stats(), **self.share.stats_entry(),
                 "calibration": {kind: round(value, 3) for kind, value in self.calibration.items()}}

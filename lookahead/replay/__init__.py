@@ -26,6 +26,14 @@ LOOKAHEAD with each request in the scope its trace line names (e.g. a
 salt`` would; ``--tenants 1 8 64`` splits the requests round-robin into that
 many scopes; ``--no-sharing`` is ``--speculative-lookahead-isolation
 request``.  The anchors have no isolation and run once, unsplit.
+
+What a fleet costs: ``--replicas 1 2 4 8 16`` deals the requests round robin
+to that many replicas, each with its own history (``lookahead.replay.fleet``),
+and prints AL as a share of one shared history's; ``--share`` adds the fleet
+sharing its history, each finished request reaching the other replicas
+``--share-lag`` finished requests later (default 1).
+
+    python -m lookahead.replay --trace T.jsonl.gz --replicas 2 4 8 16 --share
 """
 
 from __future__ import annotations
@@ -332,6 +340,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--corpus", action="append", metavar="PATH",
                     help="also replay LOOKAHEAD with this external corpus loaded (public), as "
                          "--speculative-lookahead-corpus reads it (text needs --tokenizer); repeatable")
+    ap.add_argument("--replicas", type=int, nargs="+", metavar="K",
+                    help="LOOKAHEAD on a fleet of K replicas (requests dealt round robin, one history each), "
+                         "against one shared history; one run per K")
+    ap.add_argument("--share", action="store_true",
+                    help="with --replicas: also the fleet sharing its history (--speculative-lookahead-share)")
+    ap.add_argument("--share-lag", type=int, default=1, metavar="N",
+                    help="with --share: a finished request reaches the other replicas N finished requests "
+                         "later (default 1)")
     args = ap.parse_args(argv)
 
     if args.verify_cost < 0:
@@ -340,12 +356,21 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--budget values must be >= 0")
     if args.tenants and any(n < 1 for n in args.tenants):
         ap.error("--tenants values must be >= 1")
+    if args.replicas and any(k < 1 for k in args.replicas):
+        ap.error("--replicas values must be >= 1")
+    if args.share_lag < 0:
+        ap.error("--share-lag must be >= 0")
+    if (args.share or args.share_lag != 1) and not args.replicas:
+        ap.error("--share and --share-lag need --replicas")
     names = [n.strip() for n in args.drafters.split(",") if n.strip()]
     unknown = [n for n in names if n not in ALL_DRAFTERS]
     if unknown:
         ap.error(f"unknown drafter(s) {unknown}; choose from {', '.join(ALL_DRAFTERS)}")
     log = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
-    names = available_drafters(names, log=lambda msg: print(msg, flush=True))
+    if args.replicas:  # the fleet replays LOOKAHEAD only (tree, unless --drafters names lookahead-1b)
+        names = [n for n in names if n.startswith("lookahead")] if args.drafters != ",".join(ALL_DRAFTERS) else []
+    else:
+        names = available_drafters(names, log=lambda msg: print(msg, flush=True))
 
     tokenizer = None
     if args.tokenizer:
@@ -368,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: corpus {path}: {exc}", file=sys.stderr)
             return 2
         print(f"corpus {path}: {report}", flush=True)
+    if args.replicas:
+        return _fleet_main(args, names, tokenizer, log)
     results: list[ReplayResult] = []
     scoped = bool(args.scope_by or args.tenants or args.no_sharing)
     for trace_path in args.trace:
@@ -440,3 +467,49 @@ def _replay_trace(pairs: ReplayTrace, trace: str, names: list, args, scoped: boo
                 log(f"{trace} budget={budget} {label}: AL {res.acceptance_length:.3f} ({res.us_per_step:.1f} µs/step)")
                 results.append(res)
     return results
+
+
+def _fleet_main(args, names: list, tokenizer, log) -> int:
+    """--replicas: each trace on fleets of each size, against one shared history."""
+    from lookahead.replay.fleet import FleetDrafter, fleet_table
+
+    names = [n for n in names if n.startswith("lookahead")] or ["lookahead"]
+    rows = []
+    for trace_path in args.trace:
+        trace = os.path.basename(trace_path.rstrip(os.sep)).split(".")[0]
+        try:
+            pairs = read_trace(trace_path, tokenizer, scope_field=args.scope_by, limit=args.limit, progress=log)
+        except (TraceError, OSError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(pairs.stats.summary(), flush=True)
+        scopes = pairs.scopes if args.scope_by else None
+        try:
+            for budget in args.budget:
+                for name in names:
+                    def run(k: int, share: bool) -> float:
+                        drafter = FleetDrafter(k, share=share, lag=args.share_lag, one_branch=name == "lookahead-1b")
+                        try:
+                            res = replay(drafter, pairs, budget, trace, scopes=scopes)
+                        finally:
+                            drafter.close()
+                        log(f"{trace} budget={budget} {name} replicas={k}{' shared' if share else ''}: "
+                            f"AL {res.acceptance_length:.3f}")
+                        return res.acceptance_length
+
+                    one = run(1, False)
+                    for k in args.replicas:
+                        alone = one if k == 1 else run(k, False)
+                        shared = (one if k == 1 else run(k, True)) if args.share else None
+                        rows.append({"trace": trace if name == "lookahead" else f"{trace} ({name})",
+                                     "budget": budget, "replicas": k, "one": one, "alone": alone,
+                                     "shared": shared})
+        finally:
+            pairs.close()
+    print(fleet_table(rows, args.share_lag))
+    os.makedirs(args.out_dir, exist_ok=True)
+    json_path = os.path.join(args.out_dir, "fleet.json")
+    with open(json_path, "w") as f:
+        json.dump({"share_lag": args.share_lag, "rows": rows}, f, indent=1)
+    print(f"\nwrote {json_path}")
+    return 0

@@ -32,7 +32,7 @@ from lookahead.trie.answers import AnswerMemo, fingerprint, follow
 from lookahead.trie.config import LookaheadConfig, check_number
 from lookahead.trie.corpora import CorpusOverBudget, CorpusSet
 from lookahead.trie.draft_log import DRAFT_LOG_ENV, DraftLog
-from lookahead.trie.requests import Request, share_tail
+from lookahead.trie.requests import Request, finished_elsewhere, share_tail
 from lookahead.trie.saving import FORMAT_VERSION, Saver, split_corpora, split_scopes
 from lookahead.trie.scopes import PRIVATE, Drop, ScopeBudget, check_scope
 from lookahead.trie.tokens import MAX_TOKEN_ID, check_budget
@@ -205,6 +205,21 @@ class LookaheadCache:
             self._output_tokens += req.store.appended - req.prompt_len
         if self.config.share_outputs:
             self._share(req)
+
+    def put_finished(self, prompt: Any, output: Any, *, scope: Optional[str] = None) -> None:
+        """A request finished elsewhere (another replica of a fleet) enters
+        ``scope``'s history as :meth:`finish` shares one served here (the
+        output after the prompt's tail; the answer to its prompt), in the
+        background.  The prompt is not indexed: no request drafts from it."""
+        scope = check_scope(scope)
+        p = read_tokens(prompt, self._max_id, "prompt")
+        out = read_tokens(output, self._max_id, "output")
+        if not self.config.share_outputs or len(out) == 0:
+            return
+        req = finished_elsewhere(p, out, scope, self.config, remembers=self._answers.entries > 0)
+        with self._lock:
+            self._budget.touch(scope)
+        self._share(req)
 
     def _share(self, req: Request) -> None:
         # A separator keeps n-grams from spanning requests; the tokens just

@@ -12,6 +12,7 @@ from typing import Any, Optional
 import numpy as np
 
 from lookahead.trie._store import TokenStore
+from lookahead.trie.answers import fingerprint
 from lookahead.trie.config import LookaheadConfig
 
 
@@ -49,3 +50,16 @@ def share_tail(prompt: np.ndarray, config: LookaheadConfig) -> int:
         ends = ends[ends >= k]
         ends = ends[prompt[ends - k] == prompt[n - 1 - k]]
     return max(tail, min(k + config.share_tail_margin, config.max_match_len))
+
+
+def finished_elsewhere(prompt: np.ndarray, output: np.ndarray, scope: Any, config: LookaheadConfig,
+                       remembers: bool) -> Request:
+    """A request another replica served, as the cache shares a finished one:
+    the prompt's tail then the output, in a store that is a copy source
+    only (never indexed)."""
+    tail = share_tail(prompt, config)
+    head = prompt[max(0, len(prompt) - max(tail, 1)):]
+    store = TokenStore(len(head) + len(output) + 16, False, config.orders)
+    store.append_tokens(np.concatenate([head, output]), False)
+    return Request(store, len(head), len(head), scope, tail=min(tail, len(head)),
+                   print_=fingerprint(prompt) if remembers and len(prompt) else 0)

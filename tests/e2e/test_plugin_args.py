@@ -14,6 +14,7 @@ discovery path as an installed package), so they need no ``pip install``.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pickle
@@ -210,6 +211,9 @@ def test_cli_parses_the_options(plugin, model_dir, tmp_path):
         ("--speculative-lookahead-memory-mb", "0", "must be an integer >= 1, got 0"),
         ("--speculative-lookahead-path", " ", "must be a non-empty file path"),
         ("--speculative-lookahead-isolation", "tenant", "must be one of salt, none, request, got 'tenant'"),
+        ("--speculative-lookahead-share", "http://h:6379", "must start with redis://, rediss:// or unix://, got http://h:6379"),
+        ("--speculative-lookahead-share", "redis://u:pw@h:6379/x", "needs a database number after the host (redis://host:6379/0), got redis://u:***@h:6379/x"),
+        ("--speculative-lookahead-share-maxlen", "0", "must be an integer >= 1 (stream entries kept), got 0"),
     ],
 )
 def test_cli_rejects_bad_values(plugin, model_dir, capsys, flag, value, message):
@@ -296,6 +300,8 @@ def test_allowed_edge_combinations(plugin, model_dir):
         ({"speculative_one_branch": "yes"}, "--speculative-one-branch must be a bool"),
         ({"speculative_lookahead_path": ""}, "--speculative-lookahead-path must be a non-empty file path"),
         ({"speculative_lookahead_isolation": "tenant"}, "--speculative-lookahead-isolation must be one of salt, none, request, got 'tenant'"),
+        ({"speculative_lookahead_share": "redis:/h"}, "--speculative-lookahead-share needs a host (redis://host:6379/0), got redis:/h"),
+        ({"speculative_lookahead_share_maxlen": 0}, "--speculative-lookahead-share-maxlen must be an integer >= 1"),
         ({"page_size": 16}, "only supported by the 'flashinfer' attention backend"),
         ({"page_size": 16, "speculative_one_branch": True}, "LOOKAHEAD on CPU needs --page-size 1 (got 16)"),
         ({"attention_backend": "torch_native"}, "torch_native attention backend does not support"),
@@ -544,7 +550,7 @@ def test_spawned_child_and_engine_keywords(fresh_processes):
     assert (
         "CHILD_ARGS LookaheadArgs(num_draft_tokens=5, one_branch=True, "
         "max_batch_size=2, max_match_len=12, memory_mb=None, path=None, isolation='salt', "
-        "corpus=(), corpus_memory_mb=None)"
+        "corpus=(), corpus_memory_mb=None, share=None, share_maxlen=10000)"
     ) in out
     assert "PLUGIN_LOADED True HEAVY []" in out, out[-3000:]
     assert "ENGINE_ERROR --speculative-lookahead-path: directory" in out, out[-3000:]
@@ -558,3 +564,19 @@ def test_other_sglang_versions_are_refused():
     check_sglang_version()  # and it is the one installed here
     with pytest.raises(RuntimeError, match=r"supports sglang==0\.5\.23 only, but sglang 0\.5\.24"):
         check_sglang_version("0.5.24")
+
+
+def test_share_url_password_stays_out_of_logged_and_served_args(plugin, model_dir):
+    from sglang.srt.server_args import prepare_server_args
+
+    from lookahead.plugin.server_args import get_lookahead_args
+
+    url = "redis://fleet:hunter2-secret@10.0.0.5:6379/3"
+    args = prepare_server_args(["--model-path", model_dir, "--speculative-algorithm", "LOOKAHEAD",
+                                "--speculative-lookahead-share", url, "--speculative-lookahead-share-maxlen", "500"])
+    la = get_lookahead_args(args)
+    assert (la.share, la.share_maxlen) == (url, 500)  # the worker gets the real URL
+    masked = "redis://fleet:***@10.0.0.5:6379/3"
+    for shown in (repr(args), json.dumps(args.resolved_dict(), default=str), str(args.launch_command)):
+        assert "hunter2-secret" not in shown
+    assert masked in repr(args) and args.resolved_dict()["speculative_lookahead_share"] == masked

@@ -124,3 +124,24 @@ def test_an_aborted_request_keeps_its_partial_output():
     feed.start([later])
     (ready,) = feed.sync([later])
     assert SECRET[30] in cache.draft(ready.rid, SECRET[:30], 4).tokens
+
+
+@pytest.mark.parametrize("mode", ISOLATION_MODES)
+def test_each_finished_request_is_handed_on_with_its_scope(mode):
+    """``on_text`` (what the fleet's share publishes) gets each finished
+    request's prompt, whole output and scope once; under ``request``
+    isolation nothing, as its text is shared with no one."""
+    cache = LookaheadCache()
+    try:
+        feed = RequestFeed(cache, isolation=mode)
+        handed = []
+        feed.on_text = lambda prompt, output, scope: handed.append((list(prompt), list(output), scope))
+        run(feed, make_req("a", [1, 2, 3], cache_salt="tenant-a"), SECRET[:10])
+        run(feed, make_req("b", [4, 5]), SECRET[10:13])
+        feed.finish("a")  # a second finish of the same request hands on nothing
+        expected = {"salt": [([1, 2, 3], SECRET[:10], "cache_salt:tenant-a"), ([4, 5], SECRET[10:13], None)],
+                    "none": [([1, 2, 3], SECRET[:10], None), ([4, 5], SECRET[10:13], None)],
+                    "request": []}[mode]
+        assert handed == expected
+    finally:
+        cache.close()

@@ -271,6 +271,8 @@ def parse(argv=None, **defaults):
     ap.add_argument("--json", default=None, help="write the figures here (and each round's to OUT.rN.json)")
     ap.add_argument("--trace", default=None,
                     help="write the first decoding's requests, in the order served, as a replay trace (.jsonl.gz)")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the rounds already written beside --json (OUT.rN.json) and run the rest")
     ap.add_argument("--reprint", default=None, metavar="JSON",
                     help="serve nothing: print the tables of a run saved with --json (or of its OUT.rN.json rounds)")
     args = ap.parse_args(argv)
@@ -308,6 +310,16 @@ def run(args, log_name: str = "bench_workloads", show=print) -> dict:
          f"max {args.max_new_tokens} new tokens, verify width {args.num_draft_tokens}; {args.rounds} round(s), "
          f"order rotated; SGLang's messages: {log}", flush=True)
     first = {}  # the first round's first decoding's chat answers: every turn2 follows up on them
+    done = []  # rounds kept from an interrupted run (--resume)
+    if args.resume and args.json:
+        p = Path(args.json)
+        files = sorted(p.parent.glob(f"{p.stem}.r*{p.suffix}"), key=lambda f: int(f.stem.rsplit(".r", 1)[1]))
+        done = [json.loads(f.read_text())["runs"] for f in files][: args.rounds]
+        if done:
+            if list(done[0]) != wanted:
+                raise SystemExit(f"--resume: the kept rounds served {list(done[0])}, not {wanted}")
+            first["answers"] = done[0][wanted[0]]["chat"]["texts"]
+            show(f"resuming: {len(done)} round(s) kept from {', '.join(f.name for f in files[:len(done)])}")
 
     def serve_one(name: str, r: int) -> dict:
         t0 = time.time()
@@ -318,10 +330,10 @@ def run(args, log_name: str = "bench_workloads", show=print) -> dict:
         show(f" {time.time() - t0:.0f} s", flush=True)
         return res
 
-    per_round = rounds_mod.run_rounds(
-        wanted, args.rounds, serve_one, log=lambda m: show(m, flush=True),
+    per_round = done + rounds_mod.run_rounds(
+        wanted, args.rounds - len(done), serve_one, log=lambda m: show(m, flush=True), first=len(done),
         keep=lambda r, res: rounds_mod.write_round(args.json, r, {"round": r, "order": rounds_mod.rotated(wanted, r),
-                                                                   "runs": res}))
+                                                                   "runs": res})) if args.rounds > len(done) else done
     phases = list(per_round[0][wanted[0]].keys())
     summary = report(per_round, phases, args.num_draft_tokens, show)
     identical = None

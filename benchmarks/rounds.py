@@ -28,18 +28,20 @@ def rotated(names: Sequence, r: int) -> list:
 
 
 def run_rounds(names: Sequence[str], rounds: int, serve_one: Callable[[str, int], dict],
-               keep: Callable[[int, dict], None] | None = None, log: Callable[[str], None] = print) -> list[dict]:
+               keep: Callable[[int, dict], None] | None = None, log: Callable[[str], None] = print,
+               first: int = 0) -> list[dict]:
     """``rounds`` rounds of ``serve_one(name, round)`` over ``names`` in
     rotated order; returns one ``{name: result}`` per round (in ``names``'
     order, whatever the serving order was). ``keep(r, results)`` is called
     after each round (to write its JSON at once, so an interrupted run keeps
-    the rounds it finished)."""
+    the rounds it finished). ``first``: the index of the first round (a run
+    resumed after ``first`` rounds keeps their rotation going)."""
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
     out = []
-    for r in range(rounds):
+    for r in range(first, first + rounds):
         order = rotated(names, r)
-        log(f"round {r + 1}/{rounds}: {', '.join(order)}")
+        log(f"round {r + 1}/{first + rounds}: {', '.join(order)}")
         got = {}
         for name in order:
             got[name] = serve_one(name, r)

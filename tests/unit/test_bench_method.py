@@ -76,3 +76,10 @@ def test_every_decoding_counts_the_prefill_as_a_step():
     spec = {"output_ids": [1, 2, 3, 4], "meta_info": {"spec_verify_ct": 1}}  # the prefill, then one verify
     assert bench_workloads.steps_of(plain) == 4 and bench_workloads.steps_of(spec) == 2
     assert bench_workloads.steps_of({"output_ids": [7], "meta_info": {"spec_verify_ct": 0}}) == 1
+
+
+def test_a_resumed_run_keeps_the_rotation_going():
+    served = []
+    out = rounds.run_rounds(["a", "b", "c"], 1, lambda name, r: served.append((r, name)) or r,
+                            log=lambda m: None, first=2)
+    assert served == [(2, "c"), (2, "a"), (2, "b")] and out == [{"a": 2, "b": 2, "c": 2}]

@@ -58,9 +58,11 @@ def _is_git_dir(path: str) -> bool:
 
 
 def _parse(text: str):
-    """A trajectory's messages as [(role, text)], or None if it has none."""
+    """A trajectory's messages as [(role, text)], or None if it has none:
+    SWE-agent's ``history``, or mini-swe-agent's ``messages`` (``.traj.json``)."""
     try:
-        history = json.loads(text).get("history")
+        data = json.loads(text)
+        history = data.get("history") or data.get("messages")
     except (ValueError, AttributeError):
         return None
     if not isinstance(history, list) or not any(m.get("role") == "assistant" for m in history):
@@ -98,7 +100,7 @@ def trajectories(source: str, runs: int) -> dict:
             if versions:
                 out[path] = versions
     else:
-        for path in sorted(Path(source).rglob("*.traj")):
+        for path in sorted([*Path(source).rglob("*.traj"), *Path(source).rglob("*.traj.json")]):
             messages = _parse(path.read_text(encoding="utf-8"))
             if messages is not None:
                 out[str(path.relative_to(source))] = [messages]

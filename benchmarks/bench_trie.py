@@ -19,7 +19,7 @@ Measured on real token ids from the replay traces (``../shared/traces``):
   complete; NGRAM's first step waits in ``synchronize`` for the insert);
 * memory per indexed token: LOOKAHEAD ``stats()["total_bytes"]`` / tokens
   held; NGRAM the growth of the process RSS / tokens inserted;
-* LOOKAHEAD's decode step with a 10M-token external corpus loaded (issue 38),
+* LOOKAHEAD's decode step with a 10M-token external corpus loaded,
   in rounds: each round measures the batch-4 and batch-1 step without a
   corpus, with the corpus added (requests of the warm history's scope), and
   with the corpus alone (requests that share nothing: no history, as for a
@@ -27,7 +27,7 @@ Measured on real token ids from the replay traces (``../shared/traces``):
   token ids, so it matches next to nothing: what it costs, not what it
   drafts.
 
-The targets are those of issue 2 (and issue 38's for the corpus).  Usage::
+The targets are the project's overhead goals (and the corpus' own).  Usage::
 
     python benchmarks/bench_trie.py            # full run, a few minutes
     python benchmarks/bench_trie.py --quick    # smoke run
@@ -62,7 +62,7 @@ NGRAM_DEPTH = 18  # SGLang's server defaults for NGRAM
 NGRAM_MIN_BFS, NGRAM_MAX_BFS, NGRAM_CAPACITY = 1, 10, 10_000_000
 CONTEXT_TOKENS = 4096
 
-# Issue 2's overhead targets, for the LOOKAHEAD column.
+# The overhead targets, for the LOOKAHEAD column.
 TARGETS = {
     "step4_p50": ("<=", 60.0, "≤ 60 µs"),
     "step4_p99": ("<=", 150.0, "≤ 150 µs"),
@@ -412,7 +412,7 @@ def measure(side, tokens: Tokens, args, log) -> dict:
 
 
 def corpus_rounds(side: LookaheadSide, tokens: Tokens, args, log) -> dict:
-    """Issue 38: the decode step without and with a ``corpus_tokens`` corpus,
+    """The decode step without and with a ``corpus_tokens`` corpus,
     in ``corpus_rounds`` rounds (see the module docstring); the samples of
     all rounds pooled per case, and each round's batch-4 p50 and p99."""
     corpus = np.random.default_rng(args.seed).integers(0, CORPUS_VOCAB, args.corpus_tokens, dtype=np.int32)
@@ -453,7 +453,7 @@ def corpus_table(res: dict) -> str:
     label = {"no corpus": "no corpus", "corpus": f"{res['corpus_tokens'] / 1e6:g}M-token corpus",
              "corpus, no history": f"{res['corpus_tokens'] / 1e6:g}M-token corpus, no history"}
     lines = ["| LOOKAHEAD decode step | batch 1 p50 | batch 1 p99 | batch 4 p50 | batch 4 p99 | "
-             "per-round batch-4 p50 / p99 | issue-38 target (batch 4) | |",
+             "per-round batch-4 p50 / p99 | target (batch 4) | |",
              "|---|---|---|---|---|---|---|---|"]
     for c in cases:
         b1, b4 = res["pooled"][f"{c}|b1"], res["pooled"][f"{c}|b4"]
@@ -521,7 +521,7 @@ def rows(ng: dict, la: dict) -> list[dict]:
 
 
 def table(rows_: list[dict]) -> str:
-    lines = ["| measure | NGRAM | LOOKAHEAD | ratio (NGRAM/LOOKAHEAD) | issue-2 target | |",
+    lines = ["| measure | NGRAM | LOOKAHEAD | ratio (NGRAM/LOOKAHEAD) | target | |",
              "|---|---|---|---|---|---|"]
     for r in rows_:
         ratio = f"{r['ratio']:.1f}x" if r["ratio"] is not None else ""
@@ -605,7 +605,7 @@ def main(argv=None) -> int:
           + (f" ({'; '.join(misses)})" if misses else ""))
     if "corpus" in results:
         c = results["corpus"]
-        print(f"\nWith an external corpus (issue 38): {c['corpus_tokens']:,} random token ids (add_corpus: "
+        print(f"\nWith an external corpus: {c['corpus_tokens']:,} random token ids (add_corpus: "
               f"{c['add_corpus_s']:.1f} s), {args.corpus_rounds} rounds of {args.corpus_steps} batch-4 and "
               f"{args.corpus_steps // 2} batch-1 steps per case, pooled; the warm history as above\n")
         print(corpus_table(c))

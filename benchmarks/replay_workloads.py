@@ -61,7 +61,8 @@ def main(argv=None) -> int:
             al = {d: (r := replay(dr, pairs, args.budget)).response_tokens / r.steps for d, dr in drafters.items()}
             bound_steps = 0
             for prompt, out in pairs:
-                bound_steps += copy_bound_steps(served, prompt, out, args.budget + 1)
+                # The replay drafts the first token too (no prefill step): so does the bound here.
+                bound_steps += copy_bound_steps(served, prompt, out, args.budget + 1, prefill=False)
                 served += [prompt, out]
             bound = sum(len(out) for _, out in pairs) / bound_steps
             cells.append(f"{al['lookahead']:.2f} / {al['ngram']:.2f} ({al['lookahead'] / al['ngram']:.2f}x) "

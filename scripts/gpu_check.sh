@@ -10,8 +10,10 @@
 # and 16 for plain, NGRAM and LOOKAHEAD with LOOKAHEAD's steps by path; with
 # --draft-model-path, the same matrix for EAGLE and for LOOKAHEAD + EAGLE
 # (--speculative-lookahead-hybrid, trees and chains) and their bench_serving
-# figures with the hybrid's steps by draft source. About
-# 10 minutes on one H100-class GPU with an 8B model. Exits non-zero when an
+# figures with the hybrid's steps by draft source. It has not been timed on
+# such a machine: expect most of the time in server start-ups (one per
+# configuration, 40-60 s each where we have seen them) and the bench_serving
+# runs (docs/gpu_runs.md records what ran on a GPU). Exits non-zero when an
 # answer differs from plain decoding or a step took an unintended path; for
 # bfloat16/float16 weights, answers may part from plain decoding's at a near
 # tie of plain decoding's own two best tokens (--numerics, lookahead/validate/numerics.py).

@@ -245,6 +245,18 @@ class LookaheadServerArgs(_original_server_args_class()):
             type_parser=_memory_mb_arg,
         ),
     ] = None
+    speculative_lookahead_fixed_width: A[
+        bool,
+        Arg(
+            help="LOOKAHEAD only. Verify every speculating step at the full "
+            "--speculative-num-draft-tokens width, padding shorter drafts, and "
+            "apply no verify-cost floor to the drafts: what a GPU does with a "
+            "captured graph per width. By default on CPU, where a step's cost "
+            "grows with every verified token, a batch verifies at the width of "
+            "its longest draft and drafted nodes must be worth their measured "
+            "cost. For measuring acceptance per step as a GPU would see it.",
+        ),
+    ] = False
     speculative_lookahead_hybrid: A[
         bool,
         Arg(
@@ -313,6 +325,7 @@ _FIELD_TO_ATTR = {
     "speculative_lookahead_corpus_memory_mb": "corpus_memory_mb",
     "speculative_lookahead_share": "share",
     "speculative_lookahead_share_maxlen": "share_maxlen",
+    "speculative_lookahead_fixed_width": "fixed_width",
 }
 # Options the hybrid (EAGLE + --speculative-lookahead-hybrid) uses as well: they
 # configure the trie.
@@ -362,6 +375,7 @@ class LookaheadArgs:
     corpus_memory_mb: Optional[int] = None
     share: Optional[str] = None  # --speculative-lookahead-share URL
     share_maxlen: int = _share.DEFAULT_MAXLEN
+    fixed_width: bool = False  # verify at num_draft_tokens every speculating step, no cost floor
 
     def __post_init__(self):
         def is_int(value):
@@ -376,6 +390,10 @@ class LookaheadArgs:
         if not isinstance(self.one_branch, bool):
             raise ValueError(
                 f"--speculative-one-branch must be a bool, got {self.one_branch!r}"
+            )
+        if not isinstance(self.fixed_width, bool):
+            raise ValueError(
+                f"--speculative-lookahead-fixed-width must be a bool, got {self.fixed_width!r}"
             )
         object.__setattr__(self, "max_batch_size",
                            check_max_batch_size(self.max_batch_size, "--speculative-lookahead-max-batch-size"))

@@ -103,7 +103,10 @@ class LookaheadWorker(ExternalCorpora, NGRAMWorker):
         self._prev_decode_rids: set = set()
         self.grammar_tree_host = None
         self.tp_size = get_parallel().tp_size
-        self.plan = WidthPlan(self.speculative_num_draft_tokens, self.args.speculation_bound, free_width=_is_cpu)
+        # --speculative-lookahead-fixed-width: the full width every speculating
+        # step, as on a GPU, so acceptance per step is measured as it would be there.
+        self.plan = WidthPlan(self.speculative_num_draft_tokens, self.args.speculation_bound,
+                              free_width=_is_cpu and not self.args.fixed_width)
         self.tiers: Optional[VerifyTiers] = None
         # (width, reason, expected drafts, read the previous step's tokens back) of the decode step being run
         self._step = None

@@ -10,7 +10,7 @@ root path that matches the recorded continuation is accepted, plus the
 target's own bonus token, and the drafter is then given those tokens.
 
 AL = response tokens / steps, every step counted (sequence-normalised
-acceptance length, as in the issues).  Also reported: drafted tokens per step
+acceptance length).  Also reported: drafted tokens per step
 and the drafter's cost (draft + feeding) in microseconds per step.
 
     python -m lookahead.replay --trace ../shared/traces/synth_rag.jsonl.gz --budget 4 8 16

@@ -221,3 +221,115 @@ def _text(expected: str, got, tokens, tie_margin: float, where: str, out: Compar
         return i
     out.differences.append(f"{where}: {expected[:200]!r} != {got[:200]!r}")
     return len(tokens)
+
+
+# ---------------------------------------------------------------------------
+# Every emitted token, teacher-forced through one plain prefill.
+#
+# ``compare`` above checks where two answers first part. A verifier that is
+# lossy only a little (one that accepts a drafted token whenever it is within
+# a fraction of a nat of the best) would pass that check wherever its first
+# lossy acceptance happens to fall at a near tie. The check below reads no
+# second decoding: it feeds each answer, prompt and output together, through
+# one plain forward of the target (a prefill, which shares no kernel path with
+# a verify) and requires of every emitted token that it be the forward's
+# argmax there, or within ``TEACHER_FORCED_MARGIN`` of it. A lossless
+# verifier in bfloat16 emits only argmaxes and near ties (two forwards round a
+# logit at most a bfloat16 step or two apart); a verifier that accepts the
+# runner-up at gaps up to 0.3 nats emits tokens beyond the margin wherever
+# such a gap above it comes up.
+
+TEACHER_FORCED_MARGIN = 0.25  # nats, bfloat16
+
+
+@dataclass
+class TeacherForced:
+    """Counts over every emitted token checked."""
+
+    requests: int = 0
+    tokens: int = 0
+    argmax: int = 0  # the plain forward's own best token
+    near: list = field(default_factory=list)  # (request, position, gap) within the margin
+    violations: list = field(default_factory=list)  # (request, position, gap or None) beyond it
+
+    @property
+    def passed(self) -> bool:
+        return self.tokens > 0 and not self.violations
+
+    def summary(self) -> str:
+        gaps = [g for _, _, g in self.near]
+        return (f"{self.requests} requests, {self.tokens} emitted tokens: {self.argmax} the plain forward's argmax, "
+                f"{len(self.near)} within {TEACHER_FORCED_MARGIN} nats of it"
+                + (f" (largest gap {max(gaps):.3f})" if gaps else "")
+                + f", {len(self.violations)} beyond")
+
+
+def token_gaps(input_token_logprobs, input_top_logprobs, output_ids) -> list:
+    """Per emitted token: (gap to the forward's best logprob, the best token,
+    the runner-up token, its gap) from a teacher-forced prefill's input
+    logprobs; the last ``len(output_ids)`` positions score the output."""
+    n = len(output_ids)
+    if n == 0:
+        return []
+    lps, tops = list(input_token_logprobs)[-n:], list(input_top_logprobs)[-n:]
+    if len(lps) != n or len(tops) != n:
+        raise ValueError(f"{len(lps)} scored positions for {n} output tokens")
+    out = []
+    for k, (tok, rec, top) in enumerate(zip(output_ids, lps, tops)):
+        lp, scored = _entry(rec)
+        if scored != tok:
+            raise ValueError(f"position {k} scores token {scored}, the output has {tok}")
+        ranked = sorted((_entry(x) for x in (top or [])), key=lambda e: -e[0])
+        if not ranked:
+            raise ValueError(f"position {k}: no top logprobs")
+        best_lp, best = ranked[0]
+        second = ranked[1] if len(ranked) > 1 else (None, None)
+        out.append((max(0.0, best_lp - lp), best, second[1],
+                    None if second[0] is None else best_lp - second[0]))
+    return out
+
+
+def check_teacher_forced(per_request: list, margin: float = TEACHER_FORCED_MARGIN,
+                         into: Optional[TeacherForced] = None) -> TeacherForced:
+    """``per_request``: one ``(output_ids, token_gaps(...))`` per request."""
+    out = into if into is not None else TeacherForced()
+    for r, (ids, gaps) in enumerate(per_request):
+        out.requests += 1
+        for k, (tok, (gap, best, _, _)) in enumerate(zip(ids, gaps)):
+            out.tokens += 1
+            if tok == best:
+                out.argmax += 1
+            elif gap <= margin:
+                out.near.append((r, k, gap))
+            else:
+                out.violations.append((r, k, gap))
+    return out
+
+
+def lossy_output(output_ids, gaps, low: float = TEACHER_FORCED_MARGIN, high: float = 0.3) -> Optional[list]:
+    """What a verifier that accepts the runner-up wherever it is less than
+    ``high`` nats below the best would have emitted up to the first place it
+    differs from a lossless one that it can be told apart from: ``output_ids``
+    up to the first position whose best token was emitted and whose runner-up
+    lies between ``low`` and ``high`` below it, then that runner-up. None when
+    no position qualifies."""
+    for k, (tok, (gap, best, second, second_gap)) in enumerate(zip(output_ids, gaps)):
+        if tok == best and second is not None and second_gap is not None and low < second_gap < high:
+            return list(output_ids[:k]) + [second]
+    return None
+
+
+def teacher_force(engine, prompt_ids: list, outputs: list, batch: int = 4) -> list:
+    """``token_gaps`` of each ``outputs[i]`` after ``prompt_ids[i]``, from one
+    plain forward of prompt + output per request (``engine``: an
+    ``sgl.Engine`` serving the target without speculation)."""
+    res = []
+    for i in range(0, len(outputs), batch):
+        ids = [list(p) + list(o) for p, o in zip(prompt_ids[i: i + batch], outputs[i: i + batch])]
+        starts = [max(0, len(p) - 1) for p in prompt_ids[i: i + batch]]
+        got = engine.generate(input_ids=ids, sampling_params={"temperature": 0.0, "max_new_tokens": 1},
+                              return_logprob=True, logprob_start_len=starts, top_logprobs_num=2)
+        for o, g in zip(outputs[i: i + batch], got):
+            meta = g["meta_info"]
+            res.append(token_gaps(meta["input_token_logprobs"], meta["input_top_logprobs"], o))
+    return res

@@ -69,7 +69,8 @@ COUNTERS = ("steps", "overlap_waits")
 
 
 def run_bench(url: str, model: str, dataset: Path, concurrency: int, num_prompts: int, output_len: int,
-              out_file: Path, env: dict) -> dict:
+              out_file: Path, env: dict, ignore_eos: bool = True, temperature: float = 0.0,
+              chat_template: bool = True) -> dict:
     """One ``sglang.bench_serving`` run: its JSON record, with ``accept_length`` and
     ``steps`` (LOOKAHEAD's decode steps by path/reason) for this run alone.
 
@@ -77,12 +78,21 @@ def run_bench(url: str, model: str, dataset: Path, concurrency: int, num_prompts
     started, so on a server that ran other concurrencies before, it blends them in.
     This run's is its generated tokens over its verify calls, from the server's
     counters (SGLang's ``spec_accept_length``, over the run's requests); None
-    without ``--enable-metrics`` or speculation."""
+    without ``--enable-metrics`` or speculation.
+
+    ``ignore_eos`` (sglang.bench_serving's default) runs every answer to
+    ``output_len``; False lets answers end where the model ends them.
+    ``chat_template`` False sends the dataset's prompts as they are (already
+    rendered, e.g. multi-turn conversations)."""
     cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--base-url", url,
            "--model", model, "--tokenizer", model, "--dataset-name", "sharegpt", "--dataset-path", str(dataset),
            "--num-prompts", str(num_prompts), "--sharegpt-output-len", str(output_len),
            "--max-concurrency", str(concurrency), "--request-rate", "inf", "--seed", "1",
-           "--output-file", str(out_file), "--disable-tqdm", "--apply-chat-template"]
+           "--output-file", str(out_file), "--disable-tqdm", "--temperature", str(temperature)]
+    if chat_template:
+        cmd.append("--apply-chat-template")
+    if not ignore_eos:
+        cmd.append("--disable-ignore-eos")
     before = server_counters(url)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -12,6 +12,10 @@ document, open chat, each at batch 1, then served again four at once.
   decoding's own two best tokens were nearly tied.  Every LOOKAHEAD parting
   must be such a near tie (``lookahead/validate/numerics.py``); NGRAM, run alongside,
   is counted the same way, and both are reported per 1,000 tokens.
+  Then every emitted token, not only the first parting, is teacher-forced
+  through one plain prefill and must be its argmax or within 0.25 nats of
+  it, for LOOKAHEAD and NGRAM alike; the same check must fail on what a
+  verifier that accepts the runner-up at gaps under 0.3 nats would emit.
 
 All engines run in one subprocess (``e2e_driver.py``).
 """
@@ -116,3 +120,48 @@ def test_bfloat16_partings_are_near_ties_of_plain_decoding(runs):
             lookahead = c
     REPORT.append("\n".join(line))
     assert not lookahead.differences, "\n".join(lookahead.differences)
+
+
+@pytest.fixture(scope="module")
+def teacher_forced(runs, real_model, cpu_subprocess_env, tmp_path_factory):
+    """Every bfloat16 answer teacher-forced through one plain bfloat16 prefill,
+    and the lossy verifier's answers built from plain decoding's."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(real_model)
+    texts = _prompts(real_model)
+    prompts = [tok.encode(t) for t in texts]
+    order = sorted(runs["bfloat16:plain"]["outputs"], key=int)
+    outputs = {name: [runs[f"bfloat16:{name}"]["outputs"][i]["output_ids"] for i in order]
+               for name in ("plain", "tree", "ngram")}
+    spec = {"model": real_model, "engine": {**ENGINE, "dtype": "bfloat16"},
+            "prompts": [prompts[int(i)] for i in order], "outputs": outputs, "lossy_from": "plain"}
+    return run_driver(spec, tmp_path_factory.mktemp("teacher"), cpu_subprocess_env, driver="teacher_force_driver.py",
+                      timeout=600)
+
+
+def _forced(teacher_forced: dict, name: str) -> numerics.TeacherForced:
+    return numerics.check_teacher_forced(list(zip(teacher_forced["outputs"][name], teacher_forced["gaps"][name])))
+
+
+def test_bfloat16_every_emitted_token_is_plain_decodings_argmax_or_a_near_tie(teacher_forced):
+    line = ["bfloat16, every emitted token teacher-forced through one plain prefill "
+            f"(margin {numerics.TEACHER_FORCED_MARGIN} nats):"]
+    checks = {}
+    for name, label in (("tree", "LOOKAHEAD"), ("ngram", "NGRAM"), ("plain", "plain"), ("lossy", "lossy verifier")):
+        checks[name] = _forced(teacher_forced, name)
+        line.append(f"  {label}: {checks[name].summary()}")
+    REPORT.append("\n".join(line))
+    assert checks["tree"].tokens >= 300
+    assert checks["tree"].passed, checks["tree"].violations[:5]
+
+
+def test_the_teacher_forced_check_fails_a_lossy_verifier(teacher_forced):
+    # What a verifier accepting the runner-up at gaps under 0.3 nats emits at
+    # the first place it would, after plain decoding's own tokens: the check
+    # must flag it there, and only there.
+    lossy = _forced(teacher_forced, "lossy")
+    assert lossy.requests >= 1, "no position of plain decoding's answers had a runner-up 0.25-0.3 nats below"
+    assert not lossy.passed
+    ends = {r: len(o) - 1 for r, o in enumerate(teacher_forced["outputs"]["lossy"])}
+    assert all(k == ends[r] for r, k, _ in lossy.violations), lossy.violations

@@ -298,6 +298,7 @@ def test_allowed_edge_combinations(plugin, model_dir):
         ({"speculative_lookahead_memory_mb": -5}, "--speculative-lookahead-memory-mb must be an integer >= 1"),
         ({"speculative_lookahead_memory_mb": 1 << 40}, f"--speculative-lookahead-memory-mb {1 << 40} is more than this machine's memory"),
         ({"speculative_one_branch": "yes"}, "--speculative-one-branch must be a bool"),
+        ({"speculative_lookahead_fixed_width": "yes"}, "--speculative-lookahead-fixed-width must be a bool"),
         ({"speculative_lookahead_path": ""}, "--speculative-lookahead-path must be a non-empty file path"),
         ({"speculative_lookahead_isolation": "tenant"}, "--speculative-lookahead-isolation must be one of salt, none, request, got 'tenant'"),
         ({"speculative_lookahead_share": "redis:/h"}, "--speculative-lookahead-share needs a host (redis://host:6379/0), got redis:/h"),

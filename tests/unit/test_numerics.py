@@ -133,3 +133,51 @@ def test_each_answer_of_a_case_is_compared_with_its_own_margins():
     assert c.differences == [] and c.near_ties == [("long[1]", 1, pytest.approx(0.1))]
     c = compare(expected, [_answer(REF[:1] + [60, 0]), _answer(REF)], margins, TOL, TIE)
     assert c.near_ties == [] and len(c.differences) == 1
+
+
+# --- every emitted token, teacher-forced (numerics.check_teacher_forced) ---
+
+from lookahead.validate.numerics import (  # noqa: E402
+    TEACHER_FORCED_MARGIN, check_teacher_forced, lossy_output, token_gaps)
+
+
+def _forced(ids, best, gaps, runners=None, runner_gaps=None):
+    """A teacher-forced prefill's input logprobs over a 2-token prompt and
+    ``ids``: the emitted token ``gaps[k]`` below the best ``best[k]``."""
+    runners = runners or [900 + k for k in range(len(ids))]
+    runner_gaps = runner_gaps or [2.0] * len(ids)
+    token_lps = [[None, 1, None], [-1.0, 2, None]]
+    tops = [None, [[-1.0, 2, None]]]
+    for t, b, g, r, rg in zip(ids, best, gaps, runners, runner_gaps):
+        token_lps.append([-0.5 - g, t, None])
+        top = [[-0.5, b, None], [-0.5 - (g if t != b else rg), t if t != b else r, None]]
+        tops.append(top)
+    return token_gaps(token_lps, tops, ids)
+
+
+def test_argmax_tokens_and_near_ties_pass_every_position():
+    ids = [5, 6, 7, 8]
+    gaps = _forced(ids, [5, 60, 7, 80], [0.0, 0.1, 0.0, TEACHER_FORCED_MARGIN])
+    c = check_teacher_forced([(ids, gaps)])
+    assert c.passed and c.tokens == 4 and c.argmax == 2 and [k for _, k, _ in c.near] == [1, 3]
+
+
+def test_a_token_beyond_the_margin_fails_wherever_it_is():
+    # Not the first difference from anything: the fourth token, after a near tie.
+    ids = [5, 6, 7, 8]
+    gaps = _forced(ids, [5, 60, 7, 80], [0.0, 0.1, 0.0, 0.28])
+    c = check_teacher_forced([(ids, gaps)])
+    assert not c.passed and c.violations == [(0, 3, pytest.approx(0.28))]
+
+
+def test_the_lossy_output_takes_the_first_runner_up_between_the_margin_and_0_3():
+    ids = [5, 6, 7, 8]
+    gaps = _forced(ids, ids, [0.0] * 4, runners=[50, 60, 70, 80], runner_gaps=[0.1, 0.35, 0.27, 0.29])
+    assert lossy_output(ids, gaps) == [5, 6, 70]
+    assert lossy_output(ids[:2], gaps[:2]) is None
+
+
+def test_misaligned_logprobs_are_refused():
+    gaps_in = [[None, 1, None], [-0.5, 9, None]]
+    with pytest.raises(ValueError, match="scores token 9"):
+        token_gaps(gaps_in, [None, [[-0.5, 9, None]]], [5])

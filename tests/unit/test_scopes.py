@@ -1,5 +1,5 @@
 """Tenant isolation in the drafting API: scopes, their memory budget, and
-their persistence (issue 17).
+their persistence.
 
 * A scope drafts its own text; no other scope, nor the default scope, nor a
   request that shares nothing, is ever drafted it (a guesser who knows the

@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "cpu"), str(REPO / "tools"), str(REPO / "benchmarks")]
 
 import math_problems  # noqa: E402
-from bench_workloads import stderr_to  # noqa: E402
+from bench_workloads import rate as _rate, stderr_to  # noqa: E402
 
 # The matrix a "training step" changes, and by how much (relative, per element).
 UPDATED = "model.layers.0.mlp.down_proj.weight"
@@ -101,10 +101,6 @@ def serve(model: str, kwargs: dict, prompts: list[str], args, log: Path) -> list
     finally:
         with stderr_to(log):
             engine.shutdown()
-
-
-def _rate(s: dict) -> float:
-    return s["tokens"] / s["seconds"]
 
 
 def _al(s: dict) -> float:

@@ -12,7 +12,7 @@ with its default cut-off (``--speculative-lookahead-max-batch-size 4``) and
 with ``auto``. A cell (temperature, batch size, round) sends the same
 ``batch`` requests to every server in turn, rotated per round, as one batch
 each; every cell draws requests of its own (edit, QA and chat, from the
-report set of ``real_workloads``), so no server has seen them before.
+report set of ``real_workloads`` unless ``--set tuning``), so no server has seen them before.
 
     python benchmarks/bench_sampling.py [--temperatures 0.7 1.0] [--batch 1 4 8] [--rounds 3]
 """
@@ -75,6 +75,7 @@ def main(argv=None) -> int:
     ap.add_argument("--num-draft-tokens", type=int, default=8)
     ap.add_argument("--configs", default=",".join(SERVERS))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--set", default="report", choices=("tuning", "report"), help="which requests (real_workloads)")
     ap.add_argument("--out-dir", default="artifacts/bench_sampling")
     args = ap.parse_args(argv)
 
@@ -95,7 +96,7 @@ def main(argv=None) -> int:
     cells = [(t, b, r) for t in args.temperatures for b in args.batch for r in range(args.rounds)]
     need = sum(b for _, b, _ in cells) + 2
     per_kind = -(-need // len(KINDS))
-    convs = [c for kind in KINDS for c in real_workloads.conversations(kind, per_kind, 1000 + args.seed)]
+    convs = [c for kind in KINDS for c in real_workloads.conversations(kind, per_kind, args.seed, which=args.set)]
     # Interleave the kinds, so every cell mixes them.
     convs = [convs[k * per_kind + i] for i in range(per_kind) for k in range(len(KINDS))]
     pool = [real_workloads.render(tokenizer, c) for c in convs]

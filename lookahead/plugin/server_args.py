@@ -6,30 +6,18 @@ shares) are in ``lookahead.plugin.arg_rules``.
 How the options reach SGLang
 ----------------------------
 SGLang 0.5.23 has no API for plugin-specific flags. ``ServerArgs`` is a msgspec
-struct assembled at import time, and three paths consume it:
-
-* the CLI: ``prepare_server_args`` builds its parser from the fields of the
-  module-level ``sglang.srt.server_args.ServerArgs`` and instantiates that
-  class (``launch_server``, ``sglang serve``, ``--help``, ``--config`` files);
-* ``sgl.Engine(**kwargs)``: ``self.server_args_class(**kwargs)``, where an
-  unknown keyword is an error;
-* the scheduler processes: they are *spawned* and receive the record pickled
-  (``ServerArgs.__reduce__`` pickles the class by reference, the fields, and
-  the bookkeeping ``__dict__``).
+struct assembled at import time, consumed by the CLI (``prepare_server_args``
+builds its parser from the module-level class's fields), by
+``sgl.Engine(**kwargs)`` (an unknown keyword is an error) and by the spawned
+scheduler processes (which receive the record pickled, the class by reference).
 
 ``LookaheadServerArgs`` below is a ``ServerArgs`` subclass that adds the options
 as real fields, declared with SGLang's own ``A[T, Arg(...)]`` metadata and the
-``spec`` namespace. ``install()`` puts it in place of ``ServerArgs``, so:
-
-* the CLI parser derives ``--speculative-one-branch`` etc. from the fields, with
-  their help text, exactly as for built-in options (also in ``--help``);
-* ``Engine(speculative_one_branch=True, ...)`` is an ordinary keyword argument;
-* the record pickles as ``lookahead.plugin.server_args.LookaheadServerArgs``, so the
-  values travel to every child process with the rest of the configuration;
-* the values are published in the scheduler's ``spec`` bag
-  (``runtime_context.get_spec().speculative_lookahead_max_batch_size``) and
-  show up in ``/server_info`` and the ``server_args=...`` log line;
-* resolution can declare them like any field (the path is made absolute).
+``spec`` namespace. ``install()`` puts it in place of ``ServerArgs``, so the CLI
+derives ``--speculative-one-branch`` etc. with their help text, ``Engine`` takes
+them as ordinary keywords, the record pickles as this class (the values travel
+to every child process), and the values are published in the scheduler's
+``spec`` bag, ``/server_info`` and the ``server_args=...`` log line.
 
 The replacement is one ``HookRegistry`` class-REPLACE hook (SGLang's documented
 way to substitute a subclass; it also rebinds modules that imported the name),
@@ -62,14 +50,8 @@ from typing import Any, List, Optional, Union
 import sglang.srt.server_args as _sgl_server_args
 from sglang.srt.arg_groups.arg_utils import A, Arg
 
-from lookahead.trie.config import (
-    DEFAULT_ISOLATION,
-    LookaheadConfig,
-    check_int,
-    check_isolation,
-    check_memory,
-    option_error,
-)
+from lookahead.trie.config import (DEFAULT_ISOLATION, LookaheadConfig, check_int, check_isolation, check_memory,
+                                   option_error)
 from lookahead.plugin import share as _share
 
 logger = logging.getLogger(__name__)
@@ -387,14 +369,10 @@ class LookaheadArgs:
                 "LOOKAHEAD (it is the verify width per request, including the "
                 f"last accepted token), got {self.num_draft_tokens!r}"
             )
-        if not isinstance(self.one_branch, bool):
-            raise ValueError(
-                f"--speculative-one-branch must be a bool, got {self.one_branch!r}"
-            )
-        if not isinstance(self.fixed_width, bool):
-            raise ValueError(
-                f"--speculative-lookahead-fixed-width must be a bool, got {self.fixed_width!r}"
-            )
+        for flag, value in (("--speculative-one-branch", self.one_branch),
+                            ("--speculative-lookahead-fixed-width", self.fixed_width)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{flag} must be a bool, got {value!r}")
         object.__setattr__(self, "max_batch_size",
                            check_max_batch_size(self.max_batch_size, "--speculative-lookahead-max-batch-size"))
         if self.max_match_len is not None:

@@ -93,10 +93,14 @@ def serve(model: str, kwargs: dict, prompts: list[str], args, log: Path) -> list
             steps.append(rollout_step(engine, prompts, args.group, sampling))
             if step < args.steps:
                 engine.begin_weight_update()  # SGLang 0.5.23: tensor updates run inside a session
-                ok, message = engine.update_weights_from_tensor([(UPDATED, updated_weight(model, step))])[:2]
+                ok, message = engine.update_weights_from_tensor([(UPDATED, updated_weight(model, step))],
+                                                                flush_cache=False)[:2]
                 engine.end_weight_update()
-                if not ok:
-                    raise RuntimeError(f"update_weights_from_tensor failed: {message}")
+                # Flushed once the scheduler is idle (right after a generate call
+                # its last batch may still be held, and an immediate flush is refused).
+                flushed = engine.loop.run_until_complete(engine.tokenizer_manager.flush_cache(timeout_s=30))
+                if not ok or not flushed.success:
+                    raise RuntimeError(f"update_weights_from_tensor failed: {message}; flush: {flushed}")
         return steps
     finally:
         with stderr_to(log):

@@ -117,9 +117,19 @@ def _update_one_matrix(engine, model: str) -> None:
     name = "model.layers.0.mlp.down_proj.weight"
     weight = load_file(str(next(Path(model).glob("*.safetensors"))))[name].float()
     engine.begin_weight_update()  # SGLang 0.5.23: tensor updates run inside a session
-    ok, message = engine.update_weights_from_tensor([(name, weight * (1 + 0.01 * torch.randn(weight.shape)))])[:2]
+    ok, message = engine.update_weights_from_tensor([(name, weight * (1 + 0.01 * torch.randn(weight.shape)))],
+                                                    flush_cache=False)[:2]
     engine.end_weight_update()
     assert ok, f"update_weights_from_tensor failed: {message}"
+    _flush(engine)
+
+
+def _flush(engine) -> None:
+    """``flush_cache`` once the scheduler is idle: right after a generate call
+    returns, its last batch may still be held for one loop iteration, and an
+    immediate flush is refused (RL frameworks flush after updating weights)."""
+    result = engine.loop.run_until_complete(engine.tokenizer_manager.flush_cache(timeout_s=30))
+    assert result.success, result
 
 
 def _succeeded(result) -> None:
@@ -137,9 +147,10 @@ def _set_internal_state(engine, **server_args) -> None:
 
 # Engine calls a run may make between its groups (RL training loops make them between rollouts).
 _CALLS = {
-    "flush_cache": lambda engine, model: engine.flush_cache(),
+    "flush_cache": lambda engine, model: _flush(engine),
     "update_weights_from_tensor": _update_one_matrix,
-    "update_weights_from_disk": lambda engine, model: _succeeded(engine.update_weights_from_disk(model)),
+    "update_weights_from_disk": lambda engine, model: (_flush(engine),  # idle first: it flushes as it ends
+                                                       _succeeded(engine.update_weights_from_disk(model))),
     "release_resume": lambda engine, model: (engine.release_memory_occupation(),
                                              engine.resume_memory_occupation()),
     "clear_history": lambda engine, model: _set_internal_state(engine, speculative_lookahead_clear_history=True),

@@ -40,8 +40,8 @@ Sampling and penalties (``lookahead.plugin.penalties``):
   whether the model has mamba state at all is made once, not every step.
 * ``ngram_worker.eagle_sample`` (AROUND), for LOOKAHEAD's verify inputs only:
   each tree node gets the penalties of its own path, and on CPU a sampling
-  batch is verified by rejection sampling (``lookahead.plugin.cpu_sampling``)
-  rather than greedily; a greedy width-1 verify commits the argmax of each
+  batch is verified by drawing with SGLang's own sampler along the accepted
+  path (``lookahead.plugin.cpu_sampling``) rather than greedily; a greedy width-1 verify commits the argmax of each
   root without the tree walk; a custom logit processor is applied as plain
   decoding applies it (SGLang's NGRAM and EAGLE skip it).
 """

@@ -5,10 +5,12 @@ the ``real_workloads`` requests (the report set) in bfloat16, one at a time.
 Then one plain engine teacher-forces every answer, prompt and output
 together, through one prefill (``lookahead.validate.numerics.teacher_force``),
 and every emitted token must be that forward's argmax or within 0.25 nats of
-it. The same check then runs on what a deliberately lossy verifier would have
-emitted (one that accepts the runner-up wherever it is less than 0.3 nats
+it. The same check then runs on what deliberately lossy verifiers would have
+emitted (accepting the runner-up wherever it is less than 0.3, or 0.4, nats
 below the best: ``numerics.lossy_output``, built from plain decoding's own
-answers) and must fail.
+answers) and must fail where such an acceptance can be seen: bfloat16 logits
+of this model's magnitude come in steps of 1/16 to 1/8 nat, so most gaps under
+0.3 are 0.25 or less, which a lossless verifier may emit too.
 
     python benchmarks/bench_numerics.py [--requests 6] [--max-new-tokens 128] [--json out.json]
 
@@ -28,6 +30,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "cpu"), str(REPO / "tools"), str(REPO / "benchmarks")]
 
 import real_workloads  # noqa: E402
+
+# Lossy verifiers tried: accepting the runner-up less than this many nats below the best.
+LOSSY_HIGHS = (0.3, 0.4)
 from bench_workloads import stderr_to  # noqa: E402
 
 
@@ -80,9 +85,12 @@ def main(argv=None) -> int:
         engine = sgl.Engine(model_path=model, log_level="error", **base)
     try:
         gaps = {name: numerics.teacher_force(engine, prompts, outs) for name, outs in outputs.items()}
-        lossy = [numerics.lossy_output(o, g) for o, g in zip(outputs["plain"], gaps["plain"])]
-        which = [i for i, lo in enumerate(lossy) if lo is not None]
-        lossy_gaps = numerics.teacher_force(engine, [prompts[i] for i in which], [lossy[i] for i in which])
+        lossy = {}  # lossy margin -> (requests kept, their outputs, teacher-forced gaps)
+        for high in LOSSY_HIGHS:
+            outs = [numerics.lossy_output(o, g, high=high) for o, g in zip(outputs["plain"], gaps["plain"])]
+            which = [i for i, lo in enumerate(outs) if lo is not None]
+            lossy[high] = (which, [outs[i] for i in which],
+                           numerics.teacher_force(engine, [prompts[i] for i in which], [outs[i] for i in which]))
     finally:
         with stderr_to(log):
             engine.shutdown()
@@ -93,7 +101,8 @@ def main(argv=None) -> int:
     print("| decoding | requests | tokens | argmax | within the margin (largest gap) | beyond | check |")
     print("|---|---|---|---|---|---|---|")
     rows = [(name, [(o, g) for o, g in zip(outputs[name], gaps[name])]) for name in outputs]
-    rows.append(("lossy verifier (runner-up at < 0.3 nats)", [(lossy[i], g) for i, g in zip(which, lossy_gaps)]))
+    for high, (which, outs, lgaps) in lossy.items():
+        rows.append((f"lossy verifier (runner-up at < {high:g} nats)", list(zip(outs, lgaps))))
     for name, per_request in rows:
         c = numerics.check_teacher_forced(per_request)
         largest = max((g for _, _, g in c.near), default=None)
@@ -106,6 +115,8 @@ def main(argv=None) -> int:
         Path(args.json).write_text(json.dumps({"model": model, "set": args.prompt_set, "results": results,
                                                "outputs": outputs}))
     ok = results["LOOKAHEAD"]["passed"] and not results[rows[-1][0]]["passed"]
+    print("\n(bfloat16 logits of this magnitude come in steps of 1/16-1/8 nat, so a gap under 0.3 is at most"
+          " 0.25 but for rare 0.28125s: a 0.3-nat lossy verifier differs from a lossless one only there)")
     return 0 if ok else 1
 
 

@@ -15,7 +15,8 @@ document, open chat, each at batch 1, then served again four at once.
   Then every emitted token, not only the first parting, is teacher-forced
   through one plain prefill and must be its argmax or within 0.25 nats of
   it, for LOOKAHEAD and NGRAM alike; the same check must fail on what a
-  verifier that accepts the runner-up at gaps under 0.3 nats would emit.
+  verifier that accepts the runner-up at gaps under 0.4 nats would emit (the
+  smallest such margin bfloat16's coarse logits let a check tell apart).
 
 All engines run in one subprocess (``e2e_driver.py``).
 """
@@ -135,9 +136,19 @@ def teacher_forced(runs, real_model, cpu_subprocess_env, tmp_path_factory):
     outputs = {name: [runs[f"bfloat16:{name}"]["outputs"][i]["output_ids"] for i in order]
                for name in ("plain", "tree", "ngram")}
     spec = {"model": real_model, "engine": {**ENGINE, "dtype": "bfloat16"},
-            "prompts": [prompts[int(i)] for i in order], "outputs": outputs, "lossy_from": "plain"}
+            "prompts": [prompts[int(i)] for i in order], "outputs": outputs, "lossy_from": "plain",
+            "lossy_high": LOSSY_HIGH}
     return run_driver(spec, tmp_path_factory.mktemp("teacher"), cpu_subprocess_env, driver="teacher_force_driver.py",
                       timeout=600)
+
+
+# The lossy verifier accepts the runner-up wherever it is less than this many
+# nats below the best. bfloat16 logits of this model's magnitude (8-32) come in
+# steps of 1/16 to 1/8, so the gaps under 0.3 are 0.25 and less, which a
+# lossless verifier may emit too (plain decoding's own answers show a 0.25 gap
+# under teacher forcing); 0.4 is the smallest such margin whose acceptances
+# bfloat16 can show above 0.25 here (gaps of 0.3125 and 0.375).
+LOSSY_HIGH = 0.4
 
 
 def _forced(teacher_forced: dict, name: str) -> numerics.TeacherForced:
@@ -157,11 +168,16 @@ def test_bfloat16_every_emitted_token_is_plain_decodings_argmax_or_a_near_tie(te
 
 
 def test_the_teacher_forced_check_fails_a_lossy_verifier(teacher_forced):
-    # What a verifier accepting the runner-up at gaps under 0.3 nats emits at
-    # the first place it would, after plain decoding's own tokens: the check
-    # must flag it there, and only there.
+    # What a verifier accepting the runner-up at gaps under LOSSY_HIGH nats
+    # emits at the first place it would (a gap above the check's margin),
+    # after plain decoding's own tokens: the check must flag it there.
     lossy = _forced(teacher_forced, "lossy")
-    assert lossy.requests >= 1, "no position of plain decoding's answers had a runner-up 0.25-0.3 nats below"
+    assert lossy.requests >= 1, f"no position of plain decoding's answers had a runner-up 0.25-{LOSSY_HIGH} nats below"
     assert not lossy.passed
+    # Caught at the runner-up it emitted: every violation is there, or is one
+    # plain decoding's own answer (the lossy answer's prefix) has too.
+    plain = {(r, k) for r, k, _ in _forced(teacher_forced, "plain").violations}
+    source = teacher_forced["lossy_requests"]
     ends = {r: len(o) - 1 for r, o in enumerate(teacher_forced["outputs"]["lossy"])}
-    assert all(k == ends[r] for r, k, _ in lossy.violations), lossy.violations
+    assert any(k == ends[r] for r, k, _ in lossy.violations), lossy.violations
+    assert all(k == ends[r] or (source[r], k) in plain for r, k, _ in lossy.violations), lossy.violations

@@ -6,7 +6,8 @@ driver behind the bfloat16 check of every emitted token.
 holds the model path, the engine's keyword arguments, the prompts (token
 ids) and ``{name: [output ids per prompt]}``. With ``"lossy_from": name``
 it also builds what a lossy verifier would have emitted from that
-decoding's answers (``numerics.lossy_output``) and teacher-forces those too,
+decoding's answers (``numerics.lossy_output``, accepting runner-ups less than
+``"lossy_high"`` nats below the best, 0.3 unless given) and teacher-forces those too,
 as ``"lossy"`` (requests where no position qualifies are left out, and
 ``"lossy_requests"`` lists the ones kept).
 """
@@ -38,7 +39,9 @@ def main(spec_path: str, out_path: str) -> None:
             result["gaps"][name] = numerics.teacher_force(engine, prompts, outs)
         source = spec.get("lossy_from")
         if source:
-            lossy = [numerics.lossy_output(o, g) for o, g in zip(spec["outputs"][source], result["gaps"][source])]
+            high = spec.get("lossy_high", 0.3)
+            lossy = [numerics.lossy_output(o, g, high=high) for o, g in
+                     zip(spec["outputs"][source], result["gaps"][source])]
             keep = [i for i, lo in enumerate(lossy) if lo is not None]
             result["lossy_requests"] = keep
             result["outputs"]["lossy"] = [lossy[i] for i in keep]

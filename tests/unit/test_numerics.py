@@ -181,3 +181,13 @@ def test_misaligned_logprobs_are_refused():
     gaps_in = [[None, 1, None], [-0.5, 9, None]]
     with pytest.raises(ValueError, match="scores token 9"):
         token_gaps(gaps_in, [None, [[-0.5, 9, None]]], [5])
+
+
+def test_float_noise_on_the_margin_is_within_it():
+    ids = [5, 6]
+    gaps = _forced(ids, [5, 60], [0.0, TEACHER_FORCED_MARGIN + 6e-8])
+    assert check_teacher_forced([(ids, gaps)]).passed
+    # ... and is no lossy acceptance either.
+    noisy = _forced(ids, ids, [0.0, 0.0], runners=[50, 60], runner_gaps=[TEACHER_FORCED_MARGIN + 6e-8, 0.35])
+    assert lossy_output(ids, noisy) is None
+    assert lossy_output(ids, noisy, high=0.4) == [5, 60]

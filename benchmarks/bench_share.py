@@ -23,7 +23,7 @@ of the step itself and of a whole decode step of ``--decode-ms`` (the
 forward pass that the host work sits beside; a 7-8B model's batch-1 decode
 step on an H100 is about 7 ms, a CPU decode step far longer).
 
-    python benchmarks/bench_share.py --traces-dir ../shared/traces
+    python benchmarks/bench_share.py --traces-dir DIR   # DIR: *.jsonl.gz replay traces
 """
 
 from __future__ import annotations

@@ -551,7 +551,7 @@ def test_spawned_child_and_engine_keywords(fresh_processes):
     assert (
         "CHILD_ARGS LookaheadArgs(num_draft_tokens=5, one_branch=True, "
         "max_batch_size=2, max_match_len=12, memory_mb=None, path=None, isolation='salt', "
-        "corpus=(), corpus_memory_mb=None, share=None, share_maxlen=10000)"
+        "corpus=(), corpus_memory_mb=None, share=None, share_maxlen=10000, fixed_width=False)"
     ) in out
     assert "PLUGIN_LOADED True HEAVY []" in out, out[-3000:]
     assert "ENGINE_ERROR --speculative-lookahead-path: directory" in out, out[-3000:]

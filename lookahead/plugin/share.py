@@ -532,13 +532,6 @@ class NoShare:
     def publish_corpus_remove(self, corpus_id) -> None:
         pass
 
-    def _export(self) -> None:
-        if self._metrics is not None:
-            try:
-                self._metrics.update(self.stats())
-            except Exception:  # metrics are no reason to stop sharing
-                self.counts["errors"] += 1
-
     def stats_entry(self) -> dict:
         return {}
 

@@ -398,13 +398,11 @@ def main(argv: list[str] | None = None) -> int:
     results: list[ReplayResult] = []
     scoped = bool(args.scope_by or args.tenants or args.no_sharing)
     for trace_path in args.trace:
-        trace = os.path.basename(trace_path.rstrip(os.sep)).split(".")[0]
         try:
-            pairs = read_trace(trace_path, tokenizer, scope_field=args.scope_by, limit=args.limit, progress=log)
+            trace, pairs = _read_named(trace_path, tokenizer, args, log)
         except (TraceError, OSError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        print(pairs.stats.summary(), flush=True)
         try:
             results += _replay_trace(pairs, trace, names, args, scoped, log)
         finally:
@@ -469,6 +467,15 @@ def _replay_trace(pairs: ReplayTrace, trace: str, names: list, args, scoped: boo
     return results
 
 
+def _read_named(trace_path: str, tokenizer, args, log):
+    """A trace's name (its file name up to the first dot) and its requests,
+    with their statistics printed."""
+    trace = os.path.basename(trace_path.rstrip(os.sep)).split(".")[0]
+    pairs = read_trace(trace_path, tokenizer, scope_field=args.scope_by, limit=args.limit, progress=log)
+    print(pairs.stats.summary(), flush=True)
+    return trace, pairs
+
+
 def _fleet_main(args, names: list, tokenizer, log) -> int:
     """--replicas: each trace on fleets of each size, against one shared history."""
     from lookahead.replay.fleet import FleetDrafter, fleet_table
@@ -476,13 +483,11 @@ def _fleet_main(args, names: list, tokenizer, log) -> int:
     names = [n for n in names if n.startswith("lookahead")] or ["lookahead"]
     rows = []
     for trace_path in args.trace:
-        trace = os.path.basename(trace_path.rstrip(os.sep)).split(".")[0]
         try:
-            pairs = read_trace(trace_path, tokenizer, scope_field=args.scope_by, limit=args.limit, progress=log)
+            trace, pairs = _read_named(trace_path, tokenizer, args, log)
         except (TraceError, OSError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        print(pairs.stats.summary(), flush=True)
         scopes = pairs.scopes if args.scope_by else None
         try:
             for budget in args.budget:

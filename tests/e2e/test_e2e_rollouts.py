@@ -2,7 +2,8 @@
 training loop does between rollouts keeps LOOKAHEAD's history, and sampled
 requests really sample, LOOKAHEAD's and NGRAM's alike.
 
-An RL framework (verl, slime) calls ``update_weights_from_tensor`` or
+An RL framework (verl, slime) calls ``update_weights_from_tensor``,
+``update_weights_from_distributed`` (a trainer's broadcast) or
 ``update_weights_from_disk`` after each training step, ``flush_cache``, and
 ``release_memory_occupation`` / ``resume_memory_occupation`` around
 training. The same prompts come back at the next step, and their earlier
@@ -29,7 +30,7 @@ PROMPT = "Q: what is 12 + 30? Show your work.\nA:"
 # release_memory_occupation is not among them: on CPU, SGLang 0.5.23 ends it
 # with torch.cuda.synchronize() and fails; what it does to the scheduler's
 # caches is flush_cache's (the KV tag flushes), which is.
-CALLS = ("update_weights_from_tensor", "update_weights_from_disk", "flush_cache")
+CALLS = ("update_weights_from_tensor", "update_weights_from_distributed", "update_weights_from_disk", "flush_cache")
 
 
 @pytest.fixture(scope="module")

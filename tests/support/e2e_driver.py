@@ -124,6 +124,49 @@ def _update_one_matrix(engine, model: str) -> None:
     _flush(engine)
 
 
+def _update_from_distributed(engine, model: str) -> None:
+    """The same change sent as a trainer sends it: rank 0 of a process group
+    of its own broadcasts the matrix to the engine (gloo here; NCCL on GPUs)."""
+    import socket
+    import threading
+
+    import torch
+    from safetensors.torch import load_file
+    from sglang.srt.utils import init_custom_process_group
+
+    name, group = "model.layers.0.mlp.down_proj.weight", "lookahead-trainer"
+    weight = load_file(str(next(Path(model).glob("*.safetensors"))))[name]
+    weight = (weight.float() * (1 + 0.01 * torch.randn(weight.shape))).to(weight.dtype)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    trainer, failed = {}, []
+
+    def join():  # the trainer's side of the rendezvous, which blocks until the engine joins
+        try:
+            trainer["pg"] = init_custom_process_group(backend="gloo", init_method=f"tcp://127.0.0.1:{port}",
+                                                      world_size=2, rank=0, group_name=group)
+        except Exception as e:  # reported below, in the caller's thread
+            failed.append(e)
+
+    t = threading.Thread(target=join)
+    t.start()
+    _succeeded(engine.init_weights_update_group("127.0.0.1", port, 1, 2, group, backend="gloo"))
+    t.join(60)
+    assert not failed and "pg" in trainer, f"the trainer's process group did not form: {failed}"
+    engine.begin_weight_update()
+    send = threading.Thread(target=lambda: torch.distributed.broadcast(weight, src=0, group=trainer["pg"]))
+    send.start()
+    result = engine.update_weights_from_distributed([name], [str(weight.dtype).split(".")[-1]],
+                                                    [list(weight.shape)], group_name=group, flush_cache=False)
+    send.join(60)
+    engine.end_weight_update()
+    _succeeded(result)
+    _succeeded(engine.destroy_weights_update_group(group))
+    torch.distributed.destroy_process_group(trainer["pg"])
+    _flush(engine)
+
+
 def _flush(engine) -> None:
     """``flush_cache`` once the scheduler is idle: right after a generate call
     returns, its last batch may still be held for one loop iteration, and an
@@ -149,6 +192,7 @@ def _set_internal_state(engine, **server_args) -> None:
 _CALLS = {
     "flush_cache": lambda engine, model: _flush(engine),
     "update_weights_from_tensor": _update_one_matrix,
+    "update_weights_from_distributed": _update_from_distributed,
     "update_weights_from_disk": lambda engine, model: (_flush(engine),  # idle first: it flushes as it ends
                                                        _succeeded(engine.update_weights_from_disk(model))),
     "release_resume": lambda engine, model: (engine.release_memory_occupation(),

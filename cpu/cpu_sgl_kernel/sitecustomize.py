@@ -32,6 +32,15 @@ anchor for sampled traffic. The hook lifts the CPU clause and binds the
 pure-torch stand-ins of ``tree_speculative_sampling_target_only`` and the
 top-k / top-p renormalisations (``sgl_kernel/sampling.py``, tested against
 the target distribution) where the CUDA kernels would be.
+
+In the same CPU environment, ``release_memory_occupation`` and
+``resume_memory_occupation`` (what RL frameworks call around training) run
+as they do on a GPU without ``torch_memory_saver``: the scheduler's weight
+updater ends them with ``torch.get_device_module().synchronize()``, which is
+``torch.cuda``'s on a CPU-only torch and raises, so the hook gives that one
+module a ``torch`` whose default device module is ``torch.cpu`` (nothing to
+wait for on the host). Everything else the calls do (flush the KV cache,
+stash and restore the model's buffers) is SGLang's own.
 """
 
 from __future__ import annotations
@@ -51,6 +60,7 @@ _SAMPLED_ENV = "LOOKAHEAD_CPU_SAMPLED_VERIFY"
 _VERIFY_SAMPLING = "sglang.kernels.ops.speculative.verify_sampling"
 _RENORM = "sglang.kernels.ops.sampling.renorm"
 _EAGLE_UTILS = "sglang.srt.speculative.eagle_utils"
+_WEIGHT_UPDATER = "sglang.srt.managers.scheduler_components.weight_updater"
 _MARKER = "lookahead_force_amx"
 
 
@@ -91,10 +101,32 @@ def _sampled_verify(module) -> None:
     module._verify_uses_greedy = verify_uses_greedy
 
 
+class _HostTorch:
+    """``torch``, but with ``torch.cpu`` as the default device module."""
+
+    def __getattr__(self, name):
+        import torch
+
+        return getattr(torch, name)
+
+    @staticmethod
+    def get_device_module(device=None):
+        import torch
+
+        return torch.cpu if device is None else torch.get_device_module(device)
+
+
+def _host_synchronize(module) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        module.torch = _HostTorch()
+
+
 def install() -> bool:
     """Install the hook in this process (idempotent). Returns False when
     ``_TARGET`` was already imported, i.e. too late to be consistent."""
-    patches = {_TARGET: _force_amx}
+    patches = {_TARGET: _force_amx, _WEIGHT_UPDATER: _host_synchronize}
     if os.environ.get(_GATHER_ENV) == "1":
         patches[_GATHER_TARGET] = _torch_gather
     if os.environ.get(_SAMPLED_ENV) == "1":

@@ -27,10 +27,10 @@ GROUP = {"temperature": 1.0, "top_k": 2, "max_new_tokens": 24, "ignore_eos": Tru
 ENGINE = {"max_total_tokens": 8192, "max_running_requests": 8}
 LOOKAHEAD = {"speculative_algorithm": "LOOKAHEAD", "speculative_num_draft_tokens": 8, **ENGINE}
 PROMPT = "Q: what is 12 + 30? Show your work.\nA:"
-# release_memory_occupation is not among them: on CPU, SGLang 0.5.23 ends it
-# with torch.cuda.synchronize() and fails; what it does to the scheduler's
-# caches is flush_cache's (the KV tag flushes), which is.
-CALLS = ("update_weights_from_tensor", "update_weights_from_distributed", "update_weights_from_disk", "flush_cache")
+# "release_resume" is release_memory_occupation then resume_memory_occupation
+# (every tag: KV cache, weights, graphs), as a colocated trainer makes them.
+CALLS = ("update_weights_from_tensor", "update_weights_from_distributed", "update_weights_from_disk", "flush_cache",
+         "release_resume")
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,8 @@ with ``auto``) runs in an ``sgl.Engine`` of its own, as a rollout worker does
 
 * a step sends every prompt ``--group`` times at once (the same prompt sent
   n times, as verl sends it) at ``--temperature``, and waits for all of them;
+* ``LOOKAHEAD-fixed`` speculates at every batch size at the full width, as
+  NGRAM does: its AL is the drafting-only comparison;
 * between steps, ``update_weights_from_tensor`` changes one MLP matrix by a
   small random amount (a real change of the policy, as a training step
   makes), which also flushes SGLang's cache.
@@ -49,6 +51,11 @@ def configs(width: int) -> dict:
         "LOOKAHEAD": {**spec, "speculative_algorithm": "LOOKAHEAD"},
         "LOOKAHEAD-auto": {**spec, "speculative_algorithm": "LOOKAHEAD",
                            "speculative_lookahead_max_batch_size": "auto"},
+        # Speculating at every batch size and verifying at the full width, as
+        # NGRAM does: the drafting-only comparison (AL), and how AL grows with
+        # the history when no cut-off hides it.
+        "LOOKAHEAD-fixed": {**spec, "speculative_algorithm": "LOOKAHEAD", "speculative_lookahead_fixed_width": True,
+                            "speculative_lookahead_max_batch_size": 64},
     }
 
 
@@ -166,7 +173,7 @@ def parse(argv=None):
     ap.add_argument("--rounds", type=int, default=3, help="rounds, the decodings' order rotated in each")
     ap.add_argument("--set", default="report", choices=tuple(math_problems.SETS), help="which problems")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--configs", default="plain,NGRAM,LOOKAHEAD,LOOKAHEAD-auto")
+    ap.add_argument("--configs", default="plain,NGRAM,LOOKAHEAD,LOOKAHEAD-auto,LOOKAHEAD-fixed")
     ap.add_argument("--log", default=None, help="where SGLang's messages go (default: .cache/bench_rollout_sglang.log)")
     ap.add_argument("--json", default=None, help="write every round's figures here")
     return ap.parse_args(argv)
@@ -211,11 +218,10 @@ def run(args) -> dict:
         rounds.append({n: figures[n] for n in names})
     print()
     summary = report(rounds, names)
-    out = {"model": model, "args": vars(args), "summary": summary,
-           "rounds": [{n: [{k: v for k, v in s.items() if k != "outputs"} for s in steps]
-                       for n, steps in rnd.items()} for rnd in rounds]}
+    # The outputs stay in: the replay reads them as a trace of sampled rollouts.
+    out = {"model": model, "args": vars(args), "summary": summary, "prompts": prompts, "rounds": rounds}
     if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1))
+        Path(args.json).write_text(json.dumps(out, separators=(",", ":")))  # compact: it holds every output
     return out
 
 

@@ -55,8 +55,10 @@ replay: venv build
 	$(PY) -m lookahead.replay $(foreach t,$(wildcard $(TRACES)/*.jsonl.gz),--trace $(t)) \
 		--budget 4 8 16 --out-dir artifacts/replay
 
+# Drafting's cost against NGRAM's: make bench TRACES=DIR, DIR holding *.jsonl.gz token traces.
 bench: venv build
-	$(PY) benchmarks/bench_trie.py
+	@test -n "$(TRACES)" || { echo "make bench TRACES=DIR: DIR holds *.jsonl.gz replay traces"; exit 2; }
+	$(PY) benchmarks/bench_trie.py --traces-dir $(TRACES)
 
 # The wheel a user installs (dist/); tests/unit/test_wheel.py checks what it holds.
 wheel: venv

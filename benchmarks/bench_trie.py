@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Drafter overhead: LOOKAHEAD's trie against SGLang's NGRAM, in one run.
 
-Measured on real token ids from the replay traces (``../shared/traces``):
+Measured on real token ids from recorded replay traces (``--traces-dir DIR``):
 
 * inserting a 2k- and a 32k-token prompt: for LOOKAHEAD the time
   ``put_prompt`` holds the caller's thread, and the time until
@@ -534,8 +534,8 @@ def table(rows_: list[dict]) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--traces-dir", default=str(REPO.parent / "shared" / "traces"),
-                    help="directory of *.jsonl.gz replay traces (default ../shared/traces)")
+    ap.add_argument("--traces-dir", required=True,
+                    help="directory of *.jsonl.gz replay traces (recorded token ids; none ship with the package)")
     ap.add_argument("--budget", type=int, default=8, help="draft budget (NGRAM: draft_token_num = budget + 1)")
     ap.add_argument("--warm-tokens", type=int, default=None, help="shared history size (default 1.2M; quick 100k)")
     ap.add_argument("--lookahead-memory-mb", type=int, default=None,

@@ -13,7 +13,7 @@ AL = response tokens / steps, every step counted (sequence-normalised
 acceptance length).  Also reported: drafted tokens per step
 and the drafter's cost (draft + feeding) in microseconds per step.
 
-    python -m lookahead.replay --trace ../shared/traces/synth_rag.jsonl.gz --budget 4 8 16
+    python -m lookahead.replay --trace traces/synth_rag.jsonl.gz --budget 4 8 16
     python -m lookahead.replay --trace sglang_logs/ --tokenizer /models/M --budget 4 8 16
 
 At the end it recommends the ``--speculative-num-draft-tokens`` and mode to

@@ -5,7 +5,7 @@ project's token-id traces. ``read_trace`` reads each of these, telling them
 apart by content, line by line:
 
 * **token ids**: ``{"prompt": [ids], "response": [ids]}`` per line (this
-  project's format, ``../shared/traces``);
+  project's format, that of its recorded replay traces);
 * **SGLang request logs**: what ``--log-requests --log-requests-level 3
   --log-requests-format json --log-requests-target DIR`` writes, a file or
   the directory (its files, per host and rank, merged by timestamp). Each

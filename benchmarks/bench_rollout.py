@@ -43,7 +43,8 @@ UPDATE_SCALE = 0.01
 TAIL_AFTER = 0.75  # the tail starts once this share of a step's samples has finished
 
 
-def configs(width: int) -> dict:
+def configs(width: int, batch: int) -> dict:
+    """Each decoding's engine keywords; ``batch`` is the most requests a step runs at once."""
     spec = {"speculative_num_draft_tokens": width}
     return {
         "plain": {},
@@ -51,11 +52,12 @@ def configs(width: int) -> dict:
         "LOOKAHEAD": {**spec, "speculative_algorithm": "LOOKAHEAD"},
         "LOOKAHEAD-auto": {**spec, "speculative_algorithm": "LOOKAHEAD",
                            "speculative_lookahead_max_batch_size": "auto"},
-        # Speculating at every batch size and verifying at the full width, as
-        # NGRAM does: the drafting-only comparison (AL), and how AL grows with
-        # the history when no cut-off hides it.
+        # Speculating at every batch size the run reaches (the cut-off is the
+        # full batch) and verifying at the full width, as NGRAM does: the
+        # drafting-only comparison (AL), and how AL grows with the history
+        # when no cut-off hides it.
         "LOOKAHEAD-fixed": {**spec, "speculative_algorithm": "LOOKAHEAD", "speculative_lookahead_fixed_width": True,
-                            "speculative_lookahead_max_batch_size": 64},
+                            "speculative_lookahead_max_batch_size": batch},
     }
 
 
@@ -198,7 +200,7 @@ def run(args) -> dict:
     batch = args.prompts * args.group
     base = cpu_engine_kwargs(dtype=args.dtype, max_running_requests=batch,
                              max_total_tokens=max(16384, batch * (args.max_new_tokens + 256)))
-    table = configs(args.num_draft_tokens)
+    table = configs(args.num_draft_tokens, batch)
     names = [c for c in args.configs.split(",") if c]
     unknown = [c for c in names if c not in table]
     if unknown:

@@ -123,8 +123,12 @@ def apply_cpu_env(cache_dir: Optional[os.PathLike] = None) -> dict[str, str]:
     interpreter start then runs the shim's ``sitecustomize``), puts the shim on
     ``sys.path`` and installs the AMX import hook here. Raises if sglang or a
     different ``sgl_kernel`` is already imported, since the CPU-path decisions
-    are taken at import time.
+    are taken at import time. Calling it again once it has run (a script
+    running several benchmarks in one process) returns the same environment.
     """
+    global _APPLIED
+    if _APPLIED is not None:
+        return dict(_APPLIED)
     if "sglang.srt.utils.common" in sys.modules:
         raise RuntimeError("apply_cpu_env() must run before sglang is imported")
     loaded = sys.modules.get("sgl_kernel")
@@ -139,7 +143,12 @@ def apply_cpu_env(cache_dir: Optional[os.PathLike] = None) -> dict[str, str]:
     sys.path.insert(0, shim)
     Path(env["SGLANG_JIT_CACHE_DIR"]).mkdir(parents=True, exist_ok=True)
     _install_amx_hook()
+    _APPLIED = dict(env)
     return env
+
+
+# The environment apply_cpu_env() set up in this process, once it has.
+_APPLIED: Optional[dict] = None
 
 
 def _install_amx_hook() -> None:

@@ -61,6 +61,28 @@ def test_cpu_env_requires_the_pinned_sglang(monkeypatch):
         mod.cpu_env()
 
 
+def test_apply_cpu_env_twice_in_one_process():
+    """A script that runs two benchmarks in one process (the demo: the greedy
+    table, then its sampled line) sets the CPU environment up twice, the
+    second time with sglang imported: it gets the same environment back. A
+    first call after sglang's import still refuses (the CPU path is chosen
+    at import time)."""
+    code = (
+        "import sys; sys.path[:0] = [%r]\n"
+        "from cpu_env import apply_cpu_env\n"
+        "env = apply_cpu_env()\n"
+        "import sglang.srt.utils.common\n"
+        "assert apply_cpu_env() == env\n"
+        "print('same')\n"
+    ) % str(REPO / "cpu")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("same"), proc.stderr[-2000:]
+    late = ("import sys; sys.path[:0] = [%r]\nimport sglang.srt.utils.common\n"
+            "from cpu_env import apply_cpu_env\napply_cpu_env()\n") % str(REPO / "cpu")
+    proc = subprocess.run([sys.executable, "-c", late], capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0 and "must run before sglang is imported" in proc.stderr
+
+
 def test_cpu_env_selects_the_amx_path():
     """A process started with ``cpu_env()`` imports the shim and, thanks to the
     shim's sitecustomize hook, sees AMX support (so ``intel_amx`` is kept)."""

@@ -68,12 +68,11 @@ def replay_rollout(drafter, prompts: list[np.ndarray], steps: list[list], budget
             if len(answer):
                 drafter.accept(r, np.concatenate([prompt, answer[:1]]), answer[:1])
             live[r][2] = min(1, len(answer))
-        while True:
-            batch = [r for r, v in live.items() if v[2] < len(v[1])]
-            for r, v in list(live.items()):
-                if v[2] >= len(v[1]):
-                    drafter.finish(r)
-                    del live[r]
+        while live:
+            for r in [r for r, v in live.items() if v[2] >= len(v[1])]:  # answered: shared, as finish() does
+                drafter.finish(r)
+                del live[r]
+            batch = list(live)
             if not batch:
                 break
             earned = {}
@@ -98,7 +97,7 @@ def run(args) -> dict:
 
     tokenizer = AutoTokenizer.from_pretrained(data["model"])
     prompts = [np.asarray(tokenizer(p, add_special_tokens=False)["input_ids"], dtype=np.int32) for p in data["prompts"]]
-    sources = [c for c in (args.sources.split(",") if args.sources else data["rounds"][0])]
+    sources = args.sources.split(",") if args.sources else list(data["rounds"][0])
     results = {}
     for name in args.drafters.split(","):
         per_rollout = []

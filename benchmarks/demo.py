@@ -39,7 +39,8 @@ SAMPLED_TEMPERATURE = 0.7
 
 def sampled_line(args) -> str:
     """NGRAM and LOOKAHEAD at temperature 0.7, one request per workload of at most 64 tokens,
-    batch 1 (about a minute and a half after the greedy table, inside the demo's five minutes)."""
+    batch 1 (about a minute and a half after the greedy table; the whole demo took about seven minutes
+    on this project's 2-core VM)."""
     import io
 
     sampled = bench_workloads.parse(["--temperature", str(SAMPLED_TEMPERATURE), "--rounds", "1", "--requests", "1",

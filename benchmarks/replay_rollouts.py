@@ -39,9 +39,9 @@ sys.path[:0] = [str(REPO)]
 from lookahead.replay import accepted_length, baselines  # noqa: E402
 
 
-def make(name: str, budget: int, **config):
+def make(name: str, budget: int):
     if name == "lookahead":
-        return baselines.LookaheadDrafter(one_branch=False, background=False, **config)
+        return baselines.LookaheadDrafter(one_branch=False, background=False)
     if name == "ngram":
         return baselines.NgramDrafter(budget)
     raise SystemExit(f"unknown drafter {name!r}: lookahead or ngram")
@@ -62,31 +62,22 @@ def replay_rollout(drafter, prompts: list[np.ndarray], steps: list[list], budget
             rid += 1
         tokens = sum(len(v[1]) for v in live.values())
         count = 0
-        # The prefill gives every answer its first token.
-        for r, (prompt, answer, _) in list(live.items()):
-            count += 1
-            if len(answer):
-                drafter.accept(r, np.concatenate([prompt, answer[:1]]), answer[:1])
-            live[r][2] = min(1, len(answer))
         while live:
             for r in [r for r, v in live.items() if v[2] >= len(v[1])]:  # answered: shared, as finish() does
                 drafter.finish(r)
                 del live[r]
-            batch = list(live)
-            if not batch:
-                break
             earned = {}
-            for r in batch:  # one batch: every draft sees the text before this step
-                prompt, answer, i = live[r]
-                context = np.concatenate([prompt, answer[:i]])
-                draft_tokens, parents = drafter.draft(r, context, budget)[:2]
+            for r, (prompt, answer, i) in live.items():  # one batch: every draft sees the text before this step
+                if i == 0:  # the prefill gives every answer its first token, with no draft
+                    earned[r] = 1
+                    continue
+                draft_tokens, parents = drafter.draft(r, np.concatenate([prompt, answer[:i]]), budget)[:2]
                 earned[r] = min(accepted_length(draft_tokens, parents, answer[i:]) + 1, len(answer) - i)
-            for r in batch:
+            for r, n in earned.items():
                 prompt, answer, i = live[r]
-                n = earned[r]
                 drafter.accept(r, np.concatenate([prompt, answer[: i + n]]), answer[i: i + n])
                 live[r][2] = i + n
-            count += len(batch)
+            count += len(earned)
         out.append((tokens, count))
     return out
 

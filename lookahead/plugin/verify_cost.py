@@ -24,8 +24,10 @@ charged to the tokens, a slope about three times too steep at batch 4,
 where it cut drafts of requests answered before. Both are moving
 estimates over decode steps, so the floor follows the hardware, the batch
 and the text. Before enough steps
-with varied widths are seen, nothing is pruned. Pure Python; the worker
-feeds it and sets ``LookaheadCache.min_score`` from it.
+with varied widths are seen, nothing is pruned. In a batch, every request
+verifies at the batch's width, so the floor applies to a width's nodes
+together (``batch_draft_width``). Pure Python; the worker feeds it and trims
+its drafts by it.
 """
 
 from __future__ import annotations
@@ -96,3 +98,28 @@ class VerifyCost:
             return 0.0
         rate = self.mean_committed / self.mean_seconds
         return min(MAX_MIN_SCORE, self.seconds_per_token * rate / max(0.1, calibration))
+
+
+def batch_draft_width(scores: list, floor: float) -> int:
+    """Draft tokens per request worth a batch's verify: the largest ``k`` whose
+    ``k``-th nodes, over the batch's drafts, score at least ``floor`` a request.
+
+    Every request of a batch verifies at the batch's width, so widening it
+    by one costs one more verified token for each request, and brings each
+    request's next-best node (its ``k``-th, scoring 0 where its draft is
+    shorter). Taking the longest draft's width instead lets one request with
+    a good draft make the whole batch pay for slots the others fill with
+    nodes they will likely reject: at batch 16 under sampling that verify
+    cost more than it brought. At batch 1 this is the floor itself.
+    ``scores``: each request's node scores, best first (``Draft.scores``).
+    """
+    if not scores:
+        return 0
+    need = floor * len(scores)
+    width = 0
+    for k in range(max(len(s) for s in scores)):
+        # Each draft's scores fall with k, so the column sums do too.
+        if sum(s[k] for s in scores if len(s) > k) < need:
+            break
+        width = k + 1
+    return width

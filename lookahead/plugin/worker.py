@@ -46,7 +46,7 @@ from sglang.srt.utils import is_cpu
 
 from lookahead.plugin import hooks as sglang_hooks
 from lookahead.trie.cache import Draft, LookaheadCache
-from lookahead.plugin.verify_cost import VerifyCost
+from lookahead.plugin.verify_cost import VerifyCost, batch_draft_width
 from lookahead.plugin.request_feed import RequestFeed
 from lookahead.plugin.server_args import get_lookahead_args
 from lookahead.plugin.step_policy import GREEDY, StepPolicy, batch_kind, calibrate, new_calibration
@@ -120,6 +120,7 @@ class LookaheadWorker(ExternalCorpora, NGRAMWorker):
         # be worth its measured verify cost. Not with tensor parallelism: every
         # rank must draft the same trees, and its timings are its own.
         self.verify_cost = VerifyCost() if self.plan.free_width and self.tp_size == 1 else None
+        self._floor = 0.0  # the score a node must clear this step (verify_cost): 0 prunes nothing
         self._committed = 0  # tokens the last verify committed
         self._expected = collections.deque(maxlen=16)  # per decode step awaiting its acceptance: (expected, kind)
         self._decode_steps = 0
@@ -244,7 +245,7 @@ class LookaheadWorker(ExternalCorpora, NGRAMWorker):
         if self.verify_cost is not None and batch.forward_mode.is_decode():
             # Greedy scores are taken as they are; sampled ones as measured.
             kind = batch_kind(batch.sampling_info)
-            self.cache.min_score = self.verify_cost.min_score(1.0 if kind == GREEDY else self.calibration[kind])
+            self._floor = self.verify_cost.min_score(1.0 if kind == GREEDY else self.calibration[kind])
         self._timed = (None, 1, now) if batch.forward_mode.is_decode() else None
         if self.policy is not None and batch.forward_mode.is_decode() and self.tp_size > 1:
             self._decode_steps += 1
@@ -360,23 +361,16 @@ class LookaheadWorker(ExternalCorpora, NGRAMWorker):
         t0 = time.perf_counter()
         rids = [r.rid for r in reqs]
         drafts = self.cache.batch_draft(rids, contexts, self.speculative_num_draft_tokens - 1, self.args.one_branch)
-        floor = self.cache.min_score
-        if floor > 0 and len(drafts) > 1:
-            # Every request of the batch verifies the longest draft's width:
-            # the slots a shorter draft leaves are paid for anyway, so they
-            # take its best nodes below the floor. A draft repeated on an
-            # unchanged stream extends the one made (the same best-first order).
-            width = max(len(d) for d in drafts)
-            short = [i for i, d in enumerate(drafts) if len(d) < width]
-            if short:
-                self.cache.min_score = 0.0
-                try:
-                    more = self.cache.batch_draft([rids[i] for i in short], [contexts[i] for i in short], width,
-                                                  self.args.one_branch)
-                finally:
-                    self.cache.min_score = floor
-                for i, d in zip(short, more):
-                    drafts[i] = d
+        if self._floor > 0:
+            # Every request verifies at the batch's width: it is the one the
+            # batch's nodes pay for together (batch_draft_width), and a draft
+            # shorter than it fills the slots it pays for anyway with its best
+            # nodes below the floor. Drafts are best-first, so a prefix is the
+            # best draft of its length.
+            width = batch_draft_width([d.scores for d in drafts], self._floor)
+            drafts = [d if len(d) <= width else
+                      Draft(d.tokens[:width], d.parents[:width], sum(d.scores[:width]), d.scores[:width])
+                      for d in drafts]
         drafted = sum(len(d) for d in drafts)
         self.stats.record_draft(time.perf_counter() - t0, drafted, len(reqs))
         return drafts if drafted else None

@@ -42,4 +42,4 @@ cdef void _reset(DraftTree& tree) noexcept nogil
 cdef void _merge(NativeStore* s, int64_t pos, double weight, int depth, DraftTree& tree) noexcept nogil
 cdef double _select(DraftTree& tree, int budget, bint one_branch, double confidence, double min_score,
                     vector[int32_t]& frontier, vector[int32_t]& out_tokens,
-                    vector[int32_t]& out_parents) noexcept nogil
+                    vector[int32_t]& out_parents, vector[double]& out_scores) noexcept nogil

@@ -175,10 +175,12 @@ cdef inline void _score_children(DraftTree& tree, int32_t parent, double confide
 
 cdef double _select(DraftTree& tree, int budget, bint one_branch, double confidence, double min_score,
                     vector[int32_t]& frontier, vector[int32_t]& out_tokens,
-                    vector[int32_t]& out_parents) noexcept nogil:
+                    vector[int32_t]& out_parents, vector[double]& out_scores) noexcept nogil:
     """Pick the draft: the heaviest chain, or the ``budget`` heaviest nodes.
     Returns the draft's expected accepted tokens: the sum of its nodes' scores,
-    each the estimated probability that the target accepts the path to it.
+    each the estimated probability that the target accepts the path to it;
+    ``out_scores`` gets each node's (non-increasing: best-first), so a batch
+    can trim its drafts to the width worth verifying.
 
     A node scoring below ``min_score`` is not drafted: where verifying a
     token costs something (a compute-bound forward, as on a CPU), a node
@@ -194,6 +196,7 @@ cdef double _select(DraftTree& tree, int budget, bint one_branch, double confide
     frontier.clear()
     out_tokens.clear()
     out_parents.clear()
+    out_scores.clear()
     if budget <= 0 or tree.nodes[0].head < 0:
         return 0.0
     if one_branch:
@@ -213,6 +216,7 @@ cdef double _select(DraftTree& tree, int budget, bint one_branch, double confide
             if score < min_score:
                 break
             expected += score
+            out_scores.push_back(score)
             out_parents.push_back(<int32_t>out_tokens.size() - 1)
             out_tokens.push_back(tree.nodes[best].token)
             c = best
@@ -232,6 +236,7 @@ cdef double _select(DraftTree& tree, int budget, bint one_branch, double confide
         tree.nodes[c].slot = <int32_t>out_tokens.size()
         out_tokens.push_back(tree.nodes[c].token)
         expected += tree.nodes[c].score
+        out_scores.push_back(tree.nodes[c].score)
         i = tree.nodes[c].parent
         out_parents.push_back(tree.nodes[i].slot if i > 0 else <int32_t>-1)
         _score_children(tree, c, confidence, frontier)

@@ -145,9 +145,10 @@ cdef double _draft(NativeStore* local, NativeStore* const* shared, int nshared,
                    const int32_t* ctx, int ctx_len, int budget, bint one_branch,
                    const DraftParams* prm, DraftState* state, vector[Candidate]& cands,
                    DraftTree& tree, vector[int32_t]& frontier,
-                   vector[int32_t]& out_tokens, vector[int32_t]& out_parents) noexcept nogil:
-    """Draft into ``out_tokens`` / ``out_parents``; returns the draft's expected
-    accepted tokens (``_select``)."""
+                   vector[int32_t]& out_tokens, vector[int32_t]& out_parents,
+                   vector[double]& out_scores) noexcept nogil:
+    """Draft into ``out_tokens`` / ``out_parents`` / ``out_scores``; returns the
+    draft's expected accepted tokens (``_select``)."""
     cdef size_t c
     cdef int depth = budget
     # A chain bets on one continuation, and the request's own text is the
@@ -239,7 +240,8 @@ cdef double _draft(NativeStore* local, NativeStore* const* shared, int nshared,
             _merge_past(local, shared, nshared, ctx, ctx_len, skip, depth, one_branch, prm, local_weight, 1.0,
                         cands, tree)
             skip += 1
-    return _select(tree, budget, one_branch, prm.confidence, prm.min_score, frontier, out_tokens, out_parents)
+    return _select(tree, budget, one_branch, prm.confidence, prm.min_score, frontier, out_tokens, out_parents,
+                   out_scores)
 
 
 cdef void _merge_past(NativeStore* local, NativeStore* const* shared, int nshared, const int32_t* ctx,
@@ -292,7 +294,7 @@ cdef class Drafter:
     """Reusable scratch space for drafting; one per thread of callers.
 
     Drafts are returned as ``result_type`` instances, a tuple subclass of
-    (tokens, parents, expected) such as ``lookahead.trie.cache.Draft``, built here:
+    (tokens, parents, expected, scores) such as ``lookahead.trie.cache.Draft``, built here:
     a namedtuple's Python-level constructor would cost more than the rest of
     a batch's glue."""
     cdef object result_type
@@ -301,6 +303,7 @@ cdef class Drafter:
     cdef vector[int32_t] frontier
     cdef vector[int32_t] out_tokens
     cdef vector[int32_t] out_parents
+    cdef vector[double] out_scores
     cdef vector[int32_t] ctx
     cdef vector[NativeStore*] shared_ptrs
     cdef public int64_t drafts, drafted   # counters for stats()
@@ -310,9 +313,9 @@ cdef class Drafter:
             raise TypeError(f"result_type must be a tuple subclass, got {result_type!r}")
         self.result_type = result_type
 
-    cdef object _result(self, list tokens, list parents, double expected):
-        # tuple.__new__(result_type, (tokens, parents, expected)), without a Python call
-        cdef tuple args = ((tokens, parents, expected),)
+    cdef object _result(self, list tokens, list parents, double expected, list scores):
+        # tuple.__new__(result_type, (tokens, parents, expected, scores)), without a Python call
+        cdef tuple args = ((tokens, parents, expected, scores),)
         return PyTuple_Type.tp_new(self.result_type, <PyObject*>args, NULL)
 
     def draft_context(self, TokenStore local, object shared, object context, int budget,
@@ -332,7 +335,7 @@ cdef class Drafter:
             tail = config.p.anchor_gap + config.p.anchor_min + 32
         _read_tokens(context, tail, max_id, self.ctx, "context")
         if self.ctx.size() == 0 or budget <= 0:
-            return self._result([], [], 0.0)
+            return self._result([], [], 0.0, [])
         cdef NativeStore* local_s = local.s if local is not None else NULL
         cdef TokenStore one
         self.shared_ptrs.clear()
@@ -357,13 +360,13 @@ cdef class Drafter:
             expected = _draft(local_s, self.shared_ptrs.data(), <int>self.shared_ptrs.size(),
                               self.ctx.data(), self.ctx.size(), budget,
                               one_branch, &config.p, &state, self.cands, self.tree,
-                              self.frontier, self.out_tokens, self.out_parents)
+                              self.frontier, self.out_tokens, self.out_parents, self.out_scores)
             end_draft()
         if local is not None:
             local.draft_state = state
         self.drafts += 1
         self.drafted += self.out_tokens.size()
-        return self._result(list(self.out_tokens), list(self.out_parents), expected)
+        return self._result(list(self.out_tokens), list(self.out_parents), expected, list(self.out_scores))
 
     def draft_batch(self, list locals_, list shareds, list contexts, int budget,
                     bint one_branch, DraftConfig config, int64_t max_id):

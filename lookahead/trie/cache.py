@@ -57,12 +57,15 @@ class Draft(NamedTuple):
     one-branch draft is a chain: ``parents == [-1, 0, 1, ...]``.
     ``expected``: the tokens the target is expected to accept from it, the
     sum over its nodes of the trie's estimate that the path to the node is
-    accepted (what the worker weighs a draft's cost against).
+    accepted (what the worker weighs a draft's cost against); ``scores``:
+    those estimates node by node, best first, so ``tokens[:k]`` (with
+    ``parents[:k]``) is the best draft of ``k`` tokens.
     """
 
     tokens: list
     parents: list
     expected: float = 0.0
+    scores: list = ()
 
     def __len__(self) -> int:  # number of draft tokens
         return len(self.tokens)
@@ -358,8 +361,8 @@ class LookaheadCache:
             return draft
         # Expected: what an answer given before is worth, each token accepted
         # with ANSWER_ODDS given the previous one.
-        return Draft(tokens, list(range(-1, len(tokens) - 1)),
-                     sum(ANSWER_ODDS ** (i + 1) for i in range(len(tokens))))
+        scores = [ANSWER_ODDS ** (i + 1) for i in range(len(tokens))]
+        return Draft(tokens, list(range(-1, len(tokens) - 1)), sum(scores), scores)
 
     def _shared_of(self, req: Request, rid: Hashable = None):
         # What the request drafts from besides its own store: its history,

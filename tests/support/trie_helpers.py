@@ -10,6 +10,7 @@ No test of the trie measures time; throughput and latency are for
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 import sys
 from pathlib import Path
@@ -69,6 +70,12 @@ def check_draft(draft, budget: int, one_branch: bool) -> None:
         seen.add((parent, tok))
     if one_branch:
         assert parents == list(range(-1, len(tokens) - 1))
+    # One score per node, best first, summing to the expectation: a prefix
+    # is the best draft of its length (what a batch trims its drafts to).
+    scores = list(draft.scores)
+    assert len(scores) == len(tokens), (scores, tokens)
+    assert all(0.0 <= b <= a <= 1.0 for a, b in zip([1.0] + scores, scores)), scores
+    assert math.isclose(sum(scores), draft.expected, rel_tol=1e-9, abs_tol=1e-12), (scores, draft.expected)
 
 
 def replay_against_reference(cfg: LookaheadConfig, requests, seed: int, draft_every: int = 1,

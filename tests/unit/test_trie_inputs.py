@@ -145,7 +145,7 @@ def test_bad_budget(budget, exc, pattern):
     with _ready_cache() as cache:
         _expect_rejected(cache, lambda: cache.draft("r", [1, 2, 3], budget), exc, pattern)
         _expect_rejected(cache, lambda: cache.batch_draft(["r"], [[1, 2, 3]], budget), exc, pattern)
-        assert cache.draft("r", [1, 2, 3], 0) == ([], [], 0.0)
+        assert cache.draft("r", [1, 2, 3], 0) == ([], [], 0.0, [])
         assert cache.draft("r", [1, 2, 3], np.int64(3)) == cache.draft("r", [1, 2, 3], 3)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lookahead.plugin.verify_cost import MAX_MIN_SCORE, VerifyCost
+from lookahead.plugin.verify_cost import MAX_MIN_SCORE, VerifyCost, batch_draft_width
 
 
 def _feed(cost: VerifyCost, steps: int, base: float, per_token: float, committed: int, widths=(2, 5, 8)):
@@ -85,7 +85,31 @@ def test_a_cache_leaves_out_nodes_below_its_floor():
         pruned = cache.draft("r", prompt + [1, 2], 7)
         assert 0 < len(pruned) < len(full)
         assert pruned.expected <= full.expected
+        # Node scores come best first; the pruned draft is the full one's
+        # prefix of nodes at or above the floor, and sums to its expectation.
+        assert list(full.scores) == sorted(full.scores, reverse=True)
+        assert full.expected == pytest.approx(sum(full.scores))
+        assert pruned.tokens == full.tokens[:len(pruned)] and pruned.parents == full.parents[:len(pruned)]
+        assert len(pruned) == sum(1 for s in full.scores if s >= 0.15)
         with pytest.raises(ValueError, match="min_score"):
             cache.min_score = -0.1
     finally:
         cache.close()
+
+
+def test_a_batch_verifies_the_width_its_nodes_pay_for_together():
+    # One request with a sure chain, three with nothing: the chain's k-th node
+    # brings 0.9 tokens for 4 more verified ones, worth it at a floor of 0.2 a
+    # request (0.9 >= 4 x 0.2) but not of 0.25, where the longest draft's
+    # width would make all four pay for it.
+    batch = [[0.95, 0.9, 0.9, 0.85], [], [], []]
+    assert batch_draft_width(batch, 0.2) == 4
+    assert batch_draft_width(batch, 0.25) == 0
+    # Sixteen requests with middling drafts: a column's sum falls with depth.
+    batch = [[0.6, 0.3, 0.1, 0.05]] * 8 + [[0.2, 0.1]] * 8
+    assert batch_draft_width(batch, 0.3) == 1  # (8 * 0.6 + 8 * 0.2) / 16 = 0.4, then 0.2
+    assert batch_draft_width(batch, 0.15) == 2
+    assert batch_draft_width(batch, 0.0) == 4
+    # At batch 1 it is the floor itself.
+    assert batch_draft_width([[0.5, 0.3, 0.2]], 0.25) == 2
+    assert batch_draft_width([], 0.1) == 0

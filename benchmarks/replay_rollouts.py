@@ -39,7 +39,45 @@ sys.path[:0] = [str(REPO)]
 from lookahead.replay import accepted_length, baselines  # noqa: E402
 
 
+class PairOracle:
+    """A ceiling, not a drafter: it knows each answer and drafts its next
+    tokens up to the first pair of tokens not seen before the step (in a
+    prompt or in text emitted so far, the siblings' included). Any draft
+    taken from seen text, however it joins sources, is a chain of seen pairs,
+    so none accepts more at a step (the trie's rare wildcard drafts, which
+    guess past an unseen pair, excepted). Its AL is what drafting from this
+    history could reach if the samples were known in advance."""
+
+    name = "pair-oracle"
+
+    def __init__(self):
+        self.pairs, self.answers = set(), {}
+
+    def start(self, rid, prompt, answer):
+        self.answers[rid] = (len(prompt), answer.tolist())
+        self.pairs.update(zip(prompt.tolist(), prompt[1:].tolist()))
+
+    def draft(self, rid, context, budget):
+        prompt_len, answer = self.answers[rid]
+        prev, tokens = int(context[-1]), []
+        for t in answer[len(context) - prompt_len:][:budget]:
+            if (prev, t) not in self.pairs:
+                break
+            tokens.append(t)
+            prev = t
+        return tokens, list(range(-1, len(tokens) - 1))
+
+    def accept(self, rid, context, new_tokens):
+        tail = context[-len(new_tokens) - 1:].tolist()
+        self.pairs.update(zip(tail, tail[1:]))
+
+    def finish(self, rid):
+        self.answers.pop(rid)
+
+
 def make(name: str, budget: int):
+    if name == "pair-oracle":
+        return PairOracle()
     if name == "lookahead":
         return baselines.LookaheadDrafter(one_branch=False, background=False)
     if name == "ngram":
@@ -57,8 +95,8 @@ def replay_rollout(drafter, prompts: list[np.ndarray], steps: list[list], budget
         live = {}
         for j, answer in enumerate(outputs):
             prompt = prompts[j // group]
-            drafter.start(rid, prompt)
             live[rid] = [prompt, np.asarray(answer, dtype=np.int32), 0]
+            drafter.start(rid, prompt, *live[rid][1:2] if isinstance(drafter, PairOracle) else ())
             rid += 1
         tokens = sum(len(v[1]) for v in live.values())
         count = 0
@@ -112,7 +150,7 @@ def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rollouts", required=True, help="a bench_rollout.py --json file")
     ap.add_argument("--budget", type=int, default=7, help="draft tokens per step (verify width - 1)")
-    ap.add_argument("--drafters", default="lookahead,ngram")
+    ap.add_argument("--drafters", default="lookahead,ngram", help="lookahead, ngram, pair-oracle (a ceiling)")
     ap.add_argument("--sources", default=None, help="whose recorded rollouts (default: every decoding's)")
     return ap.parse_args(argv)
 

@@ -8,10 +8,12 @@ compares the drafting itself. The phases are replayed in the order served
 (``edit``, ``qa``, ``chat``, ``turn2``, then the batch-4 phase one request at
 a time: interleaving it moved AL by under 1 % in our runs), each drafter
 keeping what the earlier phases taught it. AL = response tokens / steps.
-Each cell ends in the phase's copy bound (``copy_bound``): the AL of a
+Each cell ends in the phase's two copy bounds (``copy_bound``): the AL of a
 drafter that, knowing the answer, copies at each step the best continuation
 of the context's last token from anything served before, the prompt or the
-answer so far; how close a drafter is to it says how much drafting has left.
+answer so far (contiguous, single source); then of one that may chain any
+pairs of tokens seen so far (re-anchoring). How close a drafter is to them
+says how much drafting has left. The last column pools the phases.
 
     python benchmarks/replay_workloads.py docs/bench_workloads_cpu.json [--budget 7]
 """
@@ -33,6 +35,11 @@ from copy_bound import copy_bound_steps  # noqa: E402
 from lookahead.replay import make_drafter, replay  # noqa: E402
 
 
+def _cell(counts) -> str:
+    la, ng, bound, reanchored = counts[0] / counts[1:]
+    return f"{la:.2f} / {ng:.2f} ({la / ng:.2f}x) <= {bound:.2f} / {reanchored:.2f}"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("json", help="a bench_workloads.py --json file (with its prompts)")
@@ -42,32 +49,39 @@ def main(argv=None) -> int:
     from transformers import AutoTokenizer
 
     run = json.loads(Path(args.json).read_text())
+    if args.tokenizer is None and "model" not in run:  # one round of a --rounds run: the default model
+        from real_model import real_model_path
+
+        args.tokenizer = real_model_path()
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or run["model"])
     phases = list(next(iter(run["runs"].values())))
     print(f"{args.json}: budget {args.budget}; AL of LOOKAHEAD / NGRAM per phase, on each decoding's texts, "
-          "and the copy bound")
-    print("| texts of | " + " | ".join(phases) + " |")
-    print("|---" * (len(phases) + 1) + "|")
+          "and the copy bounds (contiguous / re-anchoring)")
+    print("| texts of | " + " | ".join(phases) + " | all |")
+    print("|---" * (len(phases) + 2) + "|")
     for name, decoding in run["runs"].items():
         cells = []
         drafters = {d: make_drafter(d, args.budget) for d in ("lookahead", "ngram")}
         served = []  # every prompt and answer so far: what the bound may copy from
+        pooled = np.zeros(5)  # response tokens; steps of LOOKAHEAD, NGRAM, the two bounds
         for phase in phases:
             fig = decoding[phase]
             if "prompts" not in fig:
                 raise SystemExit(f"{args.json} has no prompts: rerun bench_workloads.py to write them")
             pairs = [(np.asarray(tokenizer.encode(p), dtype=np.int32), np.asarray(o, dtype=np.int32))
                      for p, o in zip(fig["prompts"], fig["outputs"])]
-            al = {d: (r := replay(dr, pairs, args.budget)).response_tokens / r.steps for d, dr in drafters.items()}
-            bound_steps = 0
+            counts = np.zeros(5)
+            counts[0] = sum(len(out) for _, out in pairs)
+            counts[1:3] = [replay(dr, pairs, args.budget).steps for dr in drafters.values()]
             for prompt, out in pairs:
-                # The replay drafts the first token too (no prefill step): so does the bound here.
-                bound_steps += copy_bound_steps(served, prompt, out, args.budget + 1, prefill=False)
+                # The replay drafts the first token too (no prefill step): so do the bounds here.
+                for i, reanchor in ((3, False), (4, True)):
+                    counts[i] += copy_bound_steps(served, prompt, out, args.budget + 1, prefill=False,
+                                                  reanchor=reanchor)
                 served += [prompt, out]
-            bound = sum(len(out) for _, out in pairs) / bound_steps
-            cells.append(f"{al['lookahead']:.2f} / {al['ngram']:.2f} ({al['lookahead'] / al['ngram']:.2f}x) "
-                         f"<= {bound:.2f}")
-        print(f"| {name} | " + " | ".join(cells) + " |")
+            pooled += counts
+            cells.append(_cell(counts))
+        print(f"| {name} | " + " | ".join(cells + [_cell(pooled)]) + " |")
     return 0
 
 

@@ -39,3 +39,22 @@ def test_groups_are_read_prompt_by_prompt():
     step = [a, a[:16], b, b[:16]]
     (_, s1), (_, s2) = replay_rollouts.replay_rollout(lookahead(), prompts, [step, step], budget=7)
     assert s2 < s1
+
+
+def test_the_pair_oracle_is_a_ceiling_for_drafts_from_seen_text():
+    # Samples of one prompt that share pieces in shuffled order: a drafter must
+    # guess which piece comes next, the oracle knows it.
+    rng = np.random.default_rng(2)
+    prompts = [np.arange(10, 30, dtype=np.int32)]
+    pieces = [rng.integers(100, 40000, 6).tolist() for _ in range(6)]
+    steps = [[sum((pieces[i] for i in rng.permutation(6)), []) for _ in range(4)] for _ in range(3)]
+    oracle = replay_rollouts.replay_rollout(replay_rollouts.PairOracle(), prompts, steps, budget=7)
+    drafted = replay_rollouts.replay_rollout(lookahead(), prompts, steps, budget=7)
+    for (t_o, s_o), (t_d, s_d) in zip(oracle, drafted):
+        assert t_o == t_d and s_o <= s_d
+    # Knowing which piece comes next is worth something here.
+    assert sum(s for _, s in oracle) < sum(s for _, s in drafted)
+    # It never drafts a pair it has not seen: a fresh prompt's unseen answer takes a step a token.
+    fresh = [rng.integers(40000, 49000, 20).tolist()]
+    [(tokens, count)] = replay_rollouts.replay_rollout(replay_rollouts.PairOracle(), prompts, [fresh], budget=7)
+    assert count == tokens == 20

@@ -57,6 +57,7 @@ def main(argv=None) -> int:
     phases = list(next(iter(run["runs"].values())))
     print(f"{args.json}: budget {args.budget}; AL of LOOKAHEAD / NGRAM per phase, on each decoding's texts, "
           "and the copy bounds (contiguous / re-anchoring)")
+    timed = {}  # decoding -> [tokens, seconds, seconds at the two bounds' steps], over the phases
     print("| texts of | " + " | ".join(phases) + " | all |")
     print("|---" * (len(phases) + 2) + "|")
     for name, decoding in run["runs"].items():
@@ -73,16 +74,38 @@ def main(argv=None) -> int:
             counts = np.zeros(5)
             counts[0] = sum(len(out) for _, out in pairs)
             counts[1:3] = [replay(dr, pairs, args.budget).steps for dr in drafters.values()]
+            engine_steps = np.zeros(2)  # the bounds' steps counted as the engine counts them (prefill included)
             for prompt, out in pairs:
                 # The replay drafts the first token too (no prefill step): so do the bounds here.
                 for i, reanchor in ((3, False), (4, True)):
                     counts[i] += copy_bound_steps(served, prompt, out, args.budget + 1, prefill=False,
                                                   reanchor=reanchor)
+                    engine_steps[i - 3] += copy_bound_steps(served, prompt, out, args.budget + 1, reanchor=reanchor)
                 served += [prompt, out]
+            if fig.get("seconds") and fig.get("steps"):
+                per_step = fig["seconds"] / fig["steps"]
+                timed[name] = timed.get(name, 0) + np.array([fig["tokens"], fig["seconds"], *per_step * engine_steps])
             pooled += counts
             cells.append(_cell(counts))
         print(f"| {name} | " + " | ".join(cells + [_cell(pooled)]) + " |")
+    _print_ceilings(timed)
     return 0
+
+
+def _print_ceilings(timed: dict) -> None:
+    """Tokens/s over the run's best NGRAM setting, measured and as it would be
+    had each phase taken the bounds' steps at the decoding's measured cost per
+    step: how far better drafting could take this run's speed."""
+    ngrams = {n: t for n, t in timed.items() if n.startswith("NGRAM")}
+    if not ngrams:
+        return
+    best = max(ngrams, key=lambda n: ngrams[n][0] / ngrams[n][1])
+    best_rate = ngrams[best][0] / ngrams[best][1]
+    for name, (tokens, seconds, at_bound, at_reanchored) in timed.items():
+        if name.startswith("LOOKAHEAD"):
+            print(f"{name} tokens/s over {best} (this run's best NGRAM): {tokens / seconds / best_rate:.2f}x measured, "
+                  f"{tokens / at_bound / best_rate:.2f}x / {tokens / at_reanchored / best_rate:.2f}x at the "
+                  "contiguous / re-anchoring bound's steps and its own cost per step")
 
 
 if __name__ == "__main__":

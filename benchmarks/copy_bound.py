@@ -45,6 +45,16 @@ def _follows(src: list, j: int, want: list) -> int:
     return k
 
 
+def seen_chain(pairs: set, prev: int, want: Sequence[int]) -> int:
+    """How many tokens of ``want`` follow ``prev`` through pairs in ``pairs``."""
+    n = 0
+    for t in want:
+        if (prev, t) not in pairs:
+            break
+        n, prev = n + 1, t
+    return n
+
+
 def copy_bound_steps(sources: Sequence[Sequence[int]], prompt: Sequence[int], output: Sequence[int],
                      width: int = 8, prefill: bool = True, reanchor: bool = False) -> int:
     """Model steps to commit ``output`` when every step drafts the best
@@ -85,12 +95,7 @@ def copy_bound_steps(sources: Sequence[Sequence[int]], prompt: Sequence[int], ou
         last, best = stream[-1] if stream else None, 0
         want = out[i: i + budget]
         if last is not None and reanchor:
-            prev = last
-            for t in want:
-                if (prev, t) not in pairs:
-                    break
-                best += 1
-                prev = t
+            best = seen_chain(pairs, last, want)
         elif last is not None:
             for si, j in where.get(last, ()):
                 best = max(best, _follows(fixed[si], j, want))

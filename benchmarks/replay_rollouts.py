@@ -36,6 +36,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO)]
 
+from copy_bound import seen_chain  # noqa: E402  (beside this script)
 from lookahead.replay import accepted_length, baselines  # noqa: E402
 
 
@@ -59,12 +60,8 @@ class PairOracle:
 
     def draft(self, rid, context, budget):
         prompt_len, answer = self.answers[rid]
-        prev, tokens = int(context[-1]), []
-        for t in answer[len(context) - prompt_len:][:budget]:
-            if (prev, t) not in self.pairs:
-                break
-            tokens.append(t)
-            prev = t
+        want = answer[len(context) - prompt_len:][:budget]
+        tokens = want[: seen_chain(self.pairs, int(context[-1]), want)]
         return tokens, list(range(-1, len(tokens) - 1))
 
     def accept(self, rid, context, new_tokens):
@@ -96,7 +93,10 @@ def replay_rollout(drafter, prompts: list[np.ndarray], steps: list[list], budget
         for j, answer in enumerate(outputs):
             prompt = prompts[j // group]
             live[rid] = [prompt, np.asarray(answer, dtype=np.int32), 0]
-            drafter.start(rid, prompt, *live[rid][1:2] if isinstance(drafter, PairOracle) else ())
+            if isinstance(drafter, PairOracle):  # the ceiling is told the answer
+                drafter.start(rid, prompt, live[rid][1])
+            else:
+                drafter.start(rid, prompt)
             rid += 1
         tokens = sum(len(v[1]) for v in live.values())
         count = 0
